@@ -1,0 +1,3 @@
+"""cudadoctor: diagnose CUDA / PyTorch extension environments."""
+
+__version__ = "0.1.0"
