@@ -1,0 +1,43 @@
+// Operator schemas of the cudadoctor_ops library: the ONE TORCH_LIBRARY block.
+//
+// Kernels live in csrc/*.cu files, each registering its implementations with
+// TORCH_LIBRARY_IMPL(cudadoctor_ops, CUDA, m). Fake (meta) kernels and autograd formulas are
+// registered from Python (cudadoctor_ops/*.py). To add an op, append its m.def line below.
+#include <Python.h>
+#include <torch/library.h>
+
+extern "C" {
+// Makes the shared object importable as `cudadoctor_ops._C`; the ops register at load time.
+PyObject* PyInit__C(void) {
+  static struct PyModuleDef module_def = {
+      PyModuleDef_HEAD_INIT, "_C", "cudadoctor_ops kernels (registered in torch.ops.cudadoctor_ops)",
+      -1, nullptr};
+  return PyModule_Create(&module_def);
+}
+}
+
+TORCH_LIBRARY(cudadoctor_ops, m) {
+  // ---- BatchNorm (csrc/batch_norm_*.cu, cudadoctor_ops/batch_norm.py) ----
+  // Normalises over every dim but 1. training: batch statistics; else running statistics.
+  // Returns (out, save_mean, save_invstd, reserve): save_* are per-channel, in the accumulation
+  // dtype (float32, float64 for double input); reserve carries the rounding correction of
+  // save_mean that the backward needs. Running statistics are NOT touched here: see
+  // batch_norm_update_stats. activation: "none" or "relu".
+  m.def(
+      "batch_norm(Tensor input, Tensor? weight, Tensor? bias, Tensor? running_mean, "
+      "Tensor? running_var, bool training, float eps, str activation) "
+      "-> (Tensor, Tensor, Tensor, Tensor)");
+  // Gradients of batch_norm: (grad_input, grad_weight, grad_bias); entries whose output_mask is
+  // false come back as empty tensors.
+  m.def(
+      "batch_norm_backward(Tensor grad_out, Tensor input, Tensor? weight, Tensor? bias, "
+      "Tensor save_mean, Tensor save_invstd, Tensor reserve, bool training, str activation, "
+      "bool[3] output_mask) -> (Tensor, Tensor, Tensor)");
+  // running = (1 - momentum) * running + momentum * batch, with the unbiased batch variance
+  // recovered from save_invstd (count = values per channel).
+  m.def(
+      "batch_norm_update_stats(Tensor(a!) running_mean, Tensor(b!) running_var, "
+      "Tensor save_mean, Tensor save_invstd, float momentum, float eps, int count) -> ()");
+
+  // ---- further ops: append their m.def lines here ----
+}

@@ -1,0 +1,79 @@
+"""Build script of the cudadoctor-ops wheel.
+
+Compiles every csrc/*.cpp and csrc/*.cu into one extension, ``cudadoctor_ops._C``, with torch's
+BuildExtension (ninja). Arches come from TORCH_CUDA_ARCH_LIST (torch's rule); nvcc compiles them
+in parallel with ``--threads``. Build it against the installed torch:
+
+    pip install --no-build-isolation --no-deps ./opsrc
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+
+from setuptools import find_packages, setup
+from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CUDAExtension
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+os.chdir(HERE)  # setuptools wants source paths relative to this directory
+
+
+def _sources() -> list[str]:
+    found = glob.glob(os.path.join("csrc", "*.cpp")) + glob.glob(os.path.join("csrc", "*.cu"))
+    return sorted(found)
+
+
+def _arch_count() -> int:
+    spec = os.environ.get("TORCH_CUDA_ARCH_LIST", "")
+    parts = [p for p in spec.replace(",", ";").replace(" ", ";").split(";") if p.strip()]
+    return max(1, len(parts))
+
+
+def _extra_cuda_includes() -> list[str]:
+    """Library headers (cusparse.h, cublas_v2.h) that ATen/cuda/CUDAContext.h pulls in.
+
+    Some toolkits ship without them while the pip wheels of torch carry them under
+    site-packages/nvidia/<pkg>/include; add those dirs only when the toolkit lacks the headers.
+    """
+    wanted = ("cusparse.h", "cublas_v2.h")
+    cuda_inc = os.path.join(CUDA_HOME or "", "include")
+    missing = [h for h in wanted if not os.path.exists(os.path.join(cuda_inc, h))]
+    if not missing:
+        return []
+    dirs: list[str] = []
+    for entry in sys.path:
+        base = os.path.join(entry, "nvidia")
+        if not os.path.isdir(base):
+            continue
+        for inc in sorted(glob.glob(os.path.join(base, "*", "include"))):
+            if any(os.path.exists(os.path.join(inc, h)) for h in missing) and inc not in dirs:
+                dirs.append(inc)
+    return dirs
+
+
+def _nvcc_flags() -> list[str]:
+    threads = min(_arch_count(), os.cpu_count() or 1)
+    return [
+        "-O3",
+        "-lineinfo",
+        f"--threads={threads}",
+        "-Xfatbin",
+        "-compress-all",
+        "-DNDEBUG",
+    ]
+
+
+ext = CUDAExtension(
+    name="cudadoctor_ops._C",
+    sources=_sources(),
+    include_dirs=[os.path.join(HERE, "csrc")] + _extra_cuda_includes(),
+    extra_compile_args={"cxx": ["-O3", "-DNDEBUG"], "nvcc": _nvcc_flags()},
+)
+
+setup(
+    packages=find_packages(include=["cudadoctor_ops*"]),
+    ext_modules=[ext],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+)
