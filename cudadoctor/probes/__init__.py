@@ -1,0 +1,186 @@
+"""Probes: look at the machine and return the facts snapshot of docs/facts-v1.md.
+
+``collect_facts(runner, root, env)`` never raises: every section that could not be probed is
+``None`` or carries an ``"error"`` string. Anything that can hang or crash (importing torch,
+NVML, nvidia-smi) runs in a child process with a timeout. Sections run concurrently in threads;
+the torch child starts first because importing torch dominates the wall time.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import sys
+import time
+import traceback
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Mapping
+
+from cudadoctor.runner import Runner
+
+from ._fs import Root
+from .compiler import probe_host_compiler
+from .driver import probe_driver
+from .host import probe_host
+from .toolkits import probe_toolkits
+from .tools import probe_tools
+from .torch_probe import interpret, run_child
+
+SCHEMA = "cudadoctor.facts/1"
+
+ENV_NAMES = (
+    # docs/facts-v1.md
+    "TORCH_CUDA_ARCH_LIST", "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH",
+    "PATH", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "CC", "CXX", "CUDAHOSTCXX",
+    "MAX_JOBS",
+    # also read by the probes or by torch's extension builder
+    "CONDA_PREFIX", "VIRTUAL_ENV", "KUBERNETES_SERVICE_HOST", "WSL_DISTRO_NAME", "PYTHONPATH",
+    "CUDA_INC_PATH", "CUDNN_HOME", "CPATH", "CPLUS_INCLUDE_PATH", "NVCC_CCBIN",
+    "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "PYTORCH_NVML_BASED_CUDA_CHECK",
+    "CUDA_MODULE_LOADING", "TORCH_EXTENSIONS_DIR",
+)
+
+
+def now_utc() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _guard(name: str, fn: Callable[[], Any], errors: dict) -> Any:
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - a crashing probe becomes a result, not a traceback
+        errors[name] = f"{type(exc).__name__}: {exc}"
+        errors.setdefault("_tracebacks", {})[name] = traceback.format_exc().splitlines()[-6:]
+        return None
+
+
+def _result(fut: Future, name: str, errors: dict, timeout: float | None = None) -> Any:
+    try:
+        return fut.result(timeout=timeout)
+    except Exception as exc:  # noqa: BLE001
+        errors[name] = f"{type(exc).__name__}: {exc}"
+        return None
+
+
+def _local_site_dirs() -> list[str]:
+    from .torch_child import site_dirs
+
+    return site_dirs()
+
+
+def collect_facts(
+    runner: Runner | None = None,
+    root: str = "/",
+    env: Mapping[str, str] | None = None,
+    *,
+    torch_timeout: float = 20.0,
+    python: str = sys.executable,
+    torch_mode: str = "auto",
+    nvml_timeout: float = 8.0,
+    smi_timeout: float = 8.0,
+    nvcc_timeout: float = 10.0,
+) -> dict:
+    """The facts snapshot of this machine (or of the tree at ``root``). Never raises.
+
+    ``torch_mode``: "auto" (load torch._C only unless a GPU is present), "full" (always a real
+    ``import torch`` and kernel launch) or "skip" (no torch child; the torch section is None).
+    Bound: roughly max(torch_timeout, nvml_timeout + 2 * smi_timeout, 2 * nvcc_timeout) + a few
+    seconds, whatever the probed programs do.
+    """
+    started = time.monotonic()
+    runner = runner if runner is not None else Runner()
+    env = dict(os.environ if env is None else env)
+    fs = Root(root)
+    errors: dict = {}
+    facts: dict = {
+        "schema": SCHEMA,
+        "collected_at": now_utc(),
+        "host": None, "driver": None, "gpus": [], "toolkits": [], "host_compiler": None,
+        "python": None, "torch": None,
+        "env": {k: env.get(k) for k in ENV_NAMES},
+        "tools": None, "extensions": [], "error_text": None,
+    }
+    pool = ThreadPoolExecutor(max_workers=6, thread_name_prefix="cudadoctor-probe")
+    try:
+        torch_fut = None
+        if torch_mode != "skip":
+            torch_fut = pool.submit(run_child, runner, python, env, torch_timeout, torch_mode)
+        host_fut = pool.submit(_guard, "host", lambda: probe_host(runner, fs, env), errors)
+        arch = _normalise_arch()
+        driver_fut = pool.submit(
+            _guard, "driver",
+            lambda: probe_driver(runner, fs, env, arch=arch, python=sys.executable,
+                                 nvml_timeout=nvml_timeout, smi_timeout=smi_timeout),
+            errors,
+        )
+        cxx_fut = pool.submit(_guard, "host_compiler", lambda: probe_host_compiler(runner, fs, env), errors)
+
+        if os.path.realpath(python) == os.path.realpath(sys.executable) or torch_fut is None:
+            site = _guard("site_dirs", _local_site_dirs, errors) or []
+        else:
+            site = None  # the probed interpreter's site-packages come from its child
+
+        def _toolkits(site_dirs):
+            return probe_toolkits(runner, fs, env, site_dirs, nvcc_timeout=nvcc_timeout,
+                                  map_fn=lambda f, xs: list(pool.map(f, xs)) if len(xs) > 1 else list(map(f, xs)))
+
+        tk_fut = pool.submit(_guard, "toolkits", lambda: _toolkits(site), errors) if site is not None else None
+        tools_fut = pool.submit(_guard, "tools", lambda: probe_tools(runner, fs, env), errors)
+
+        facts["host"] = _result(host_fut, "host", errors)
+        drv = _result(driver_fut, "driver", errors)
+        if drv:
+            facts["driver"], facts["gpus"] = drv[0], list(drv[1])
+        facts["host_compiler"] = _result(cxx_fut, "host_compiler", errors)
+        facts["tools"] = _result(tools_fut, "tools", errors)
+
+        py, torch = None, None
+        if torch_fut is not None:
+            res = _result(torch_fut, "torch", errors)
+            if res is not None:
+                py, torch = interpret(res, python, torch_timeout)
+        facts["torch"] = torch
+        facts["python"] = _python_section(py, python)
+        if tk_fut is None:
+            site = (torch or {}).get("site_dirs") or []
+            facts["toolkits"] = _guard("toolkits", lambda: _toolkits(site), errors) or []
+        else:
+            facts["toolkits"] = _result(tk_fut, "toolkits", errors) or []
+    finally:
+        pool.shutdown(wait=False)
+
+    if not facts["gpus"] and torch and torch.get("devices"):
+        facts["gpus"] = [dict(d, source="torch") for d in torch["devices"] if d.get("name")]
+    for name in ("host", "host_compiler", "tools"):
+        if facts[name] is None and name in errors:
+            facts[name] = {"error": errors[name]}
+    if facts["driver"] is None and "driver" in errors:
+        facts["driver"] = {"version": None, "kernel_module": None, "cuda": None, "libcuda": [], "error": errors["driver"]}
+    facts["probe"] = {
+        "seconds": round(time.monotonic() - started, 3),
+        "root": root,
+        "errors": {k: v for k, v in errors.items() if not k.startswith("_")} or None,
+    }
+    return facts
+
+
+def _normalise_arch() -> str | None:
+    m = (platform.machine() or "").lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m or None)
+
+
+def _python_section(py: dict | None, python: str) -> dict:
+    if py and py.get("version"):
+        return {"version": py.get("version"), "executable": py.get("executable") or python,
+                "implementation": py.get("implementation")}
+    if os.path.realpath(python) == os.path.realpath(sys.executable):
+        return {"version": platform.python_version(), "executable": sys.executable,
+                "implementation": sys.implementation.name}
+    out = {"version": None, "executable": python}
+    if py and py.get("error"):
+        out["error"] = py["error"]
+    return out
+
+
+__all__ = ["collect_facts", "SCHEMA", "ENV_NAMES"]
