@@ -1,0 +1,156 @@
+"""`cudadoctor check` and `cudadoctor collect`: probe (or read) the facts, diagnose, render.
+
+Exit codes: 0 no error finding, 1 at least one error finding (or a warning with --strict),
+2 the command could not run (bad arguments, unreadable or malformed snapshot).
+Heavy modules (probes, redaction) are imported only when needed, so ``check --from FILE`` is fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from cudadoctor.cli import app
+from cudadoctor.errors import EXIT_FINDING, EXIT_OK, CudadoctorError, InputError
+
+FORMATS = ("human", "json", "github")
+_HINT = ("Pass a facts snapshot written by `cudadoctor collect -o FILE`, a `check --json` report, "
+         "or a scenario file with a \"facts\" object.")
+
+
+def load_facts_file(path: str) -> dict[str, Any]:
+    """Facts from a snapshot, a report (its ``facts``) or a scenario file (its ``facts``)."""
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"cannot read facts file {path!r}: no such file.", hint=_HINT) from None
+    except IsADirectoryError:
+        raise InputError(f"cannot read facts file {path!r}: it is a directory.", hint=_HINT) from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"cannot read facts file {path!r}: not UTF-8 text ({exc.reason} at byte {exc.start}).",
+                         hint=_HINT) from None
+    except OSError as exc:
+        raise InputError(f"cannot read facts file {path!r}: {exc.strerror or exc}.", hint=_HINT) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(
+            f"facts file {path!r} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno} "
+            f"(character {exc.pos}).",
+            hint=_HINT,
+        ) from None
+    if not isinstance(data, dict):
+        raise InputError(f"facts file {path!r} holds a JSON {type(data).__name__}, not an object.", hint=_HINT)
+    inner = data.get("facts")
+    if isinstance(inner, dict) and ("expect" in data or "source" in data or "findings" in data):
+        return inner
+    if "facts" in data and inner is None and ("expect" in data or "findings" in data):
+        return {}
+    return data
+
+
+def read_error_text(error: Optional[str], error_file: Optional[str]) -> Optional[str]:
+    if error is not None and error_file is not None:
+        raise InputError("give the error message with --error or --error-file, not both.")
+    if error == "-" or error_file == "-":
+        return sys.stdin.read()
+    if error_file is not None:
+        try:
+            return Path(error_file).read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            raise InputError(f"cannot read error file {error_file!r}: {exc.strerror or exc}.") from None
+    return error
+
+
+def _collect(redacted: bool) -> dict[str, Any]:
+    try:
+        from cudadoctor.probes import collect_facts
+    except ImportError as exc:
+        raise CudadoctorError(f"the probes could not be loaded ({exc}).",
+                              hint="Run `cudadoctor check --from FILE` on a saved snapshot instead.") from None
+    facts = collect_facts()
+    if redacted:
+        from cudadoctor.redact import redact
+
+        facts = redact(facts)
+    return facts
+
+
+@app.command("check")
+def check(
+    from_file: Optional[str] = typer.Option(None, "--from", metavar="FILE",
+                                            help="Diagnose a saved facts snapshot or scenario file ('-' = stdin)."),
+    error: Optional[str] = typer.Option(None, "--error", metavar="TEXT",
+                                        help="An error message you saw ('-' = stdin); ranks the causes it implicates first."),
+    error_file: Optional[str] = typer.Option(None, "--error-file", metavar="PATH",
+                                             help="Read the error message from a file ('-' = stdin)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON (cudadoctor.report/1)."),
+    fmt: str = typer.Option("human", "--format", metavar="FORMAT", help="human | json | github (workflow annotations)."),
+    strict: bool = typer.Option(False, "--strict", help="Exit 1 on warnings too."),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="Show more facts per area."),
+    list_rules: bool = typer.Option(False, "--list", help="List every rule: id, severity, one line."),
+    ascii_only: bool = typer.Option(False, "--ascii", help="ASCII marks instead of ✓ • ! ✗."),
+) -> None:
+    """Diagnose this machine (or a saved snapshot): driver, GPUs, torch, toolkit, compiler, arch list."""
+    from cudadoctor import render
+
+    if list_rules:
+        from cudadoctor.rules import load_rules
+
+        rules = sorted(load_rules().values(), key=lambda r: ({"error": 0, "warning": 1}.get(r.severity, 2), r.priority))
+        typer.echo(render.rule_list([(r.id, r.severity, r.summary) for r in rules]), nl=False)
+        raise typer.Exit(EXIT_OK)
+    if fmt not in FORMATS:
+        raise InputError(f"unknown --format {fmt!r}.", hint=f"Use one of: {', '.join(FORMATS)}.")
+    if json_out:
+        fmt = "json"
+    if from_file == "-" and (error == "-" or error_file == "-"):
+        raise InputError("only one of --from and --error/--error-file can read stdin.")
+    text = read_error_text(error, error_file)
+    facts = load_facts_file(from_file) if from_file is not None else _collect(redacted=False)
+    from cudadoctor.doctor import diagnose
+
+    report = diagnose(facts, error_text=text)
+    if fmt == "json":
+        out = render.as_json(report)
+    elif fmt == "github":
+        out = render.github(report)
+    else:
+        out = render.human(report, verbose=verbose, ascii_only=ascii_only or not _can_encode("✓✗•"))
+    typer.echo(out, nl=False)
+    sev = {f.get("severity") for f in report["findings"]}
+    if "error" in sev or (strict and "warning" in sev):
+        raise typer.Exit(EXIT_FINDING)
+    raise typer.Exit(EXIT_OK)
+
+
+def _can_encode(s: str) -> bool:
+    enc = getattr(sys.stdout, "encoding", None) or "utf-8"
+    try:
+        s.encode(enc)
+    except (UnicodeEncodeError, LookupError):
+        return False
+    return True
+
+
+@app.command("collect")
+def collect(
+    output: Optional[str] = typer.Option(None, "-o", "--output", metavar="FILE", help="Write the snapshot here (default: stdout)."),
+    no_redact: bool = typer.Option(False, "--no-redact", help="Keep user names, home paths and host names."),
+) -> None:
+    """Probe this machine and print the facts snapshot (cudadoctor.facts/1), redacted by default."""
+    facts = _collect(redacted=not no_redact)
+    text = json.dumps(facts, indent=2, default=str) + "\n"
+    if output is None or output == "-":
+        typer.echo(text, nl=False)
+    else:
+        try:
+            Path(output).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise InputError(f"cannot write {output!r}: {exc.strerror or exc}.") from None
+        typer.echo(f"wrote {output}", err=True)
+    raise typer.Exit(EXIT_OK)

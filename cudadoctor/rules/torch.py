@@ -1,0 +1,110 @@
+"""torch rules: a CPU-only build on a GPU machine; a build without code for the GPU."""
+
+from __future__ import annotations
+
+from cudadoctor import archs
+from cudadoctor.findings import Finding
+from cudadoctor.rules import Facts, rule
+from cudadoctor.rules._kb import driver_view, gpu_ccs, gpus_present, torch_cuda, wheel_fix
+
+_NO_KERNEL_TEXT = ("no kernel image is available", "is not compatible with the current pytorch installation")
+
+
+def _torch_version(f: Facts) -> str | None:
+    v = f.get("torch.version")
+    return v if isinstance(v, str) and v else None
+
+
+def is_cpu_build(f: Facts) -> bool:
+    v = _torch_version(f)
+    if v is None:
+        return False
+    if "+cpu" in v.lower():
+        return True
+    if torch_cuda(f) is not None:
+        return False
+    t = f.section("torch")
+    # torch.version.cuda explicitly null and CUDA not available: a CPU build.
+    return "cuda" in t and t.get("cuda") is None and t.get("cuda_available") is False
+
+
+@rule("TORCH_CPU_ONLY", severity="error", area="torch", priority=20,
+      summary="a GPU is present but torch is a CPU build")
+def torch_cpu_only(f: Facts):
+    if not is_cpu_build(f):
+        return None
+    if not (gpus_present(f) or f.get("driver.version")):
+        return None
+    ccs = [c for _, _, c in gpu_ccs(f)]
+    wf = wheel_fix(driver=driver_view(f), ccs=ccs, current_torch=_torch_version(f))
+    fix = ["pip uninstall -y torch"] + (wf or ["pip install torch --index-url https://download.pytorch.org/whl/cu126"])
+    fix.append("conda: remove the cpuonly package (conda remove cpuonly) before reinstalling pytorch")
+    gpu_txt = ", ".join(n or "GPU" for _, n, _ in gpu_ccs(f)) or f"driver {f.get('driver.version')}"
+    return Finding(
+        id="TORCH_CPU_ONLY",
+        severity="error",
+        title=f"torch {_torch_version(f)} is a CPU-only build",
+        detail=f"torch.version is {_torch_version(f)!r} and torch.cuda is {f.get('torch.cuda')!r}, "
+        f"while an NVIDIA GPU is present ({gpu_txt}); torch.cuda.is_available() is False for every CPU build.",
+        fix=fix,
+        facts=["torch.version", "torch.cuda", "gpus"],
+        area="torch",
+    )
+
+
+def _arch_lists(f: Facts) -> tuple[list[str], list[str]]:
+    sass, ptx = [], []
+    for a in f.list("torch.arch_list"):
+        if not isinstance(a, str):
+            continue
+        s = a.strip().lower()
+        if s.startswith("compute_"):
+            ptx.append(s)
+        elif s.startswith("sm_"):
+            sass.append(s)
+        else:  # "8.6" / "8.6+PTX"
+            arch = archs.Arch.parse(s.replace("+ptx", ""))
+            if arch is not None:
+                sass.append(arch.sm)
+                if "+ptx" in s:
+                    ptx.append(arch.compute)
+    return sass, ptx
+
+
+@rule("TORCH_NO_KERNEL_IMAGE", severity="error", area="torch", priority=22,
+      summary="torch's arch list has no SASS for the GPU's family and no PTX at or below its capability")
+def torch_no_kernel_image(f: Facts):
+    if is_cpu_build(f) or _torch_version(f) is None and not f.list("torch.arch_list"):
+        return None
+    sass, ptx = _arch_lists(f)
+    gpus = gpu_ccs(f)
+    bad = []
+    if sass or ptx:
+        bad = [(i, n, c) for i, n, c in gpus if not archs.runs_on(sass, ptx, c)[0]]
+    dev_err = f.get("torch.device_error")
+    said = isinstance(dev_err, str) and "no kernel image is available" in dev_err.lower()
+    if not bad and not (said and not (sass or ptx)):
+        return None
+    if not bad and said:
+        bad = gpus
+    cur = _torch_version(f)
+    ccs = [c for _, _, c in gpus]
+    wf = wheel_fix(driver=driver_view(f), ccs=ccs, current_torch=cur)
+    listing = " ".join(sass + ptx) or "unknown"
+    if bad:
+        who = ", ".join(f"gpus[{i}] {n or 'GPU'} (cc {c})" for i, n, c in bad)
+        detail = (f"{who} cannot run torch {cur or ''}: torch.arch_list is {listing}, with no SASS of "
+                  "that family at or below the GPU's capability and no PTX it could JIT-compile.")
+    else:
+        detail = f"torch.device_error is {dev_err.strip()[:160]!r}."
+    fix = wf or ["no official torch wheel covers this GPU with the installed driver: build torch from "
+                 f'source with TORCH_CUDA_ARCH_LIST="{";".join(sorted(set(ccs))) or "<cc>"}"']
+    return Finding(
+        id="TORCH_NO_KERNEL_IMAGE",
+        severity="error",
+        title="this torch build has no kernels for " + (", ".join(f"cc {c}" for _, _, c in bad) or "the GPU"),
+        detail=detail,
+        fix=fix,
+        facts=[f"gpus[{i}].cc" for i, _, _ in bad] + ["torch.arch_list", "torch.version"],
+        area="torch",
+    )
