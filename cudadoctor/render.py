@@ -111,7 +111,9 @@ def _summary(area: str, facts: dict, report: dict, verbose: bool) -> tuple[str, 
         return line, extra
     if area == "compiler":
         hc = _sec(facts, "host_compiler")
-        line = _join(hc.get("name"), hc.get("version"), hc.get("path"))
+        line = " ".join(str(x) for x in (hc.get("name"), hc.get("version")) if x)
+        if hc.get("path"):
+            line += f" ({hc.get('path')})"
         if verbose:
             for k in ("CUDAHOSTCXX", "CXX", "CC"):
                 if _g(facts, "env", k):
@@ -132,7 +134,14 @@ def _summary(area: str, facts: dict, report: dict, verbose: bool) -> tuple[str, 
         return (f"{len(exts)} inspected" if exts else "none inspected"), extra
     if area == "tools":
         tl = _sec(facts, "tools")
-        line = _join(*(f"{k.replace('_', '-')} {v}" for k, v in tl.items() if v and k != "error"))
+        line = _join(*(f"{k.replace('_', '-')} {v}" for k, v in tl.items() if isinstance(v, (str, int, float)) and v and k != "error"))
+        missing = [k.replace("_", "-") for k, v in tl.items() if v is None and k != "error"]
+        if missing:
+            line = _join(line, "missing: " + " ".join(missing))
+        if verbose:
+            paths = tl.get("paths")
+            if isinstance(paths, dict):
+                extra += [f"{k.replace('_', '-')}: {v}" for k, v in paths.items() if v]
         return line or "not probed", extra
     return "", extra
 

@@ -305,3 +305,14 @@ def error_texts(f) -> str:
         f.get("torch.import_error"),
     ]
     return "\n".join(p for p in parts if isinstance(p, str)).lower()
+
+
+def pypi_default_cuda(torch_version: object) -> CudaVersion | None:
+    """CUDA of the wheel plain `pip install torch==X` gets from PyPI for this torch minor series."""
+    rel = _minor(torch_release(torch_version))
+    if rel is None:
+        return None
+    for w in wheels():
+        if w.pypi_default and _minor(w.release) == rel:
+            return w.cuda
+    return None

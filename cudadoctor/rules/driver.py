@@ -23,7 +23,6 @@ _NO_DRIVER_TEXT = (
     "found no nvidia driver",
     "couldn't communicate with the nvidia driver",
     "could not communicate with the nvidia driver",
-    "no cuda-capable device is detected",
     "nvidia driver is not loaded",
 )
 _MISMATCH_TEXT = "driver/library version mismatch"
@@ -98,7 +97,8 @@ def no_driver(f: Facts):
     if f.get("torch.cuda_available") is True:
         return None
     evidence, paths = [], []
-    gpus = f.list("gpus")
+    probed = isinstance(f.data.get("driver"), dict)  # a null driver section proves nothing
+    gpus = f.list("gpus") if probed else []
     if gpus:
         names = ", ".join(str(g.get("name") or "?") for g in gpus if isinstance(g, dict))
         evidence.append(f"a GPU is present ({names})")

@@ -6,7 +6,7 @@ import re
 
 from cudadoctor.findings import Finding
 from cudadoctor.rules import Facts, rule
-from cudadoctor.rules._kb import toolkits, torch_cuda
+from cudadoctor.rules._kb import pypi_default_cuda, toolkits, torch_cuda
 from cudadoctor.versions import CudaVersion
 
 
@@ -76,6 +76,10 @@ def _entry_cuda(entry: str, f: Facts) -> CudaVersion | None:
 def ld_library_path_shadow(f: Facts):
     ldp = f.env("LD_LIBRARY_PATH")
     need = torch_cuda(f)
+    import_err = f.get("torch.import_error")
+    if need is None and isinstance(import_err, str) and import_err:
+        # torch did not import, so torch.cuda is unknown: a pip wheel without +cuXYZ is PyPI's default
+        need = pypi_default_cuda(f.get("torch.version"))
     if not ldp or need is None:
         return None
     entries = [e for e in ldp.split(":") if e]

@@ -39,10 +39,29 @@ def container_without_gpu(f: Facts) -> bool:
     nvd = f.env("NVIDIA_VISIBLE_DEVICES")
     if nvd is not None and nvd.strip().lower() in _VOID:
         return True
-    nodes = _device_nodes(f)
-    if nodes is not None:
-        return not nodes and not gpus_present(f)
-    return not gpus_present(f) and not _driver_seen(f)
+    if _device_nodes(f) or gpus_present(f) or _driver_seen(f):
+        return False  # /dev/nvidia*, a GPU or the driver were injected
+    if _caps_missing(f):
+        return False  # GPUs were requested; the capability list keeps libcuda out (CONTAINER_CAPABILITIES)
+    return _gpu_intended(f)
+
+
+def _caps_missing(f: Facts) -> list[str]:
+    caps = f.env("NVIDIA_DRIVER_CAPABILITIES")
+    if caps is None:
+        return []
+    names = {c.strip().lower() for c in caps.replace(";", ",").split(",") if c.strip()}
+    if "all" in names:
+        return []
+    return [c for c in ("compute", "utility") if c not in names]
+
+
+def _gpu_intended(f: Facts) -> bool:
+    """Signs that this container was meant to have a GPU: NVIDIA's images set NVIDIA_VISIBLE_DEVICES,
+    or the user is diagnosing a GPU error. A plain CPU-only container gets NO_GPU instead."""
+    if f.env("NVIDIA_VISIBLE_DEVICES") is not None:
+        return True
+    return any(isinstance(f.get(p), str) and f.get(p).strip() for p in ("error_text", "torch.device_error"))
 
 
 def _run_hint(container: str) -> list[str]:
@@ -97,10 +116,7 @@ def container_capabilities(f: Facts):
     caps = f.env("NVIDIA_DRIVER_CAPABILITIES")
     if caps is None or not _container(f) or container_without_gpu(f):
         return None
-    names = {c.strip().lower() for c in caps.replace(";", ",").split(",") if c.strip()}
-    if "all" in names:
-        return None
-    missing = [c for c in ("compute", "utility") if c not in names]
+    missing = _caps_missing(f)
     if not missing:
         return None
     effect = []
@@ -187,17 +203,18 @@ def no_gpu(f: Facts):
     gpus = f.get("gpus")
     if not isinstance(gpus, list) or gpus:
         return None
-    if _driver_seen(f) or _container(f) or _wsl2(f):
+    if _driver_seen(f) or _wsl2(f) or container_without_gpu(f) or _device_nodes(f):
         return None
     if f.get("torch.cuda_available") is True:
         return None
+    c = _container(f)
     return Finding(
         id="NO_GPU",
         severity="info",
-        title="no NVIDIA GPU is visible on this machine",
-        detail="gpus is empty and no NVIDIA driver is installed; CUDA code can be built here "
+        title="no NVIDIA GPU is visible " + (f"in this {c} container" if c else "on this machine"),
+        detail="gpus is empty and no NVIDIA driver is visible; CUDA code can be built here "
         "(with nvcc) but not run.",
-        fix=[],
+        fix=_run_hint(c) if c else [],
         facts=["gpus", "driver.version"],
         area="gpus",
     )

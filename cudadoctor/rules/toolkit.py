@@ -175,7 +175,10 @@ def toolkit_conflict(f: Facts):
 
 
 def _missing_headers(tk: dict) -> list[str]:
-    for key in ("missing_headers", "headers_missing"):
+    """Headers a build with this toolkit would not find. ``headers_unresolved`` (the probe's check of
+    the whole include path: toolkit, nvcc's own dirs, CPATH, ...) wins over ``headers_missing``
+    (the toolkit's include dirs alone)."""
+    for key in ("headers_unresolved", "missing_headers", "headers_missing"):
         v = tk.get(key)
         if isinstance(v, list):
             return [str(x) for x in v if x]
@@ -200,11 +203,24 @@ def toolkit_incomplete(f: Facts):
     names = missing or said
     where = _root(tk) if tk else None
     fix = []
+    elsewhere = tk.get("headers_elsewhere") if tk else None
+    if isinstance(elsewhere, dict):
+        dirs = []
+        for h in names:
+            for hit in elsewhere.get(h) or []:
+                d = str(hit).rsplit("/", 1)[0] if "/" in str(hit) else None
+                if d and d not in dirs:
+                    dirs.append(d)
+                    break
+        if dirs:
+            fix.append(f"export CPATH={':'.join(dirs)}:$CPATH   (where the probe found {', '.join(names)})")
     for other in toolkits(f):
         r = _root(other)
         if other is tk or r is None or _missing_headers(other):
             continue
         if "site-packages" in r or "dist-packages" in r:
+            if any(x.startswith("export CPATH") for x in fix):
+                continue
             fix.append(f"export CPATH={r}/include:$CPATH   (headers from the pip nvidia wheels)")
         elif other.get("nvcc"):
             fix.append(f"or export CUDA_HOME={r}   (a toolkit that has them)")
@@ -225,7 +241,8 @@ def toolkit_incomplete(f: Facts):
         + "; ATen/cuda/CUDAContext.h includes them, so every torch CUDA extension fails to compile until "
         "another include directory supplies them.",
         fix=fix,
-        facts=["toolkits[0].root", "toolkits[0].missing_headers"] + (["error_text"] if said else []),
+        facts=["toolkits[0].root", "toolkits[0].headers_missing", "toolkits[0].headers_unresolved"]
+        + (["error_text"] if said else []),
         area="toolkit",
     )
 
