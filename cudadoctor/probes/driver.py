@@ -30,9 +30,10 @@ def nvml_script() -> str:
     return (Path(__file__).with_name("nvml_child.py")).read_text(encoding="utf-8")
 
 
-def query_nvml(runner: Runner, python: str, timeout: float) -> dict:
+def query_nvml(runner: Runner, python: str, timeout: float, env: Mapping[str, str] | None = None) -> dict:
     """NVML answer from the child: {"driver", "cuda", "gpus", "error"}; ``error`` on any failure."""
-    res = runner.run([python, "-c", nvml_script(), NVML_TAG], timeout=timeout)
+    res = runner.run([python, "-c", nvml_script(), NVML_TAG], timeout=timeout,
+                     env=dict(env) if env is not None else None)
     data = _last_marked(res.stdout, "CUDADOCTOR_NVML ")
     if data is not None:
         return data
@@ -197,7 +198,7 @@ def probe_driver(
     smi_timeout: float = 8.0,
 ) -> tuple[dict, list[dict]]:
     """The driver section and the GPU list (NVML first, nvidia-smi when NVML gives none)."""
-    nvml = query_nvml(runner, python, nvml_timeout)
+    nvml = query_nvml(runner, python, nvml_timeout, env)
     smi: dict | None = None
     if nvml.get("error") or not nvml.get("driver"):
         smi = query_smi(runner, root, env, smi_timeout)

@@ -255,8 +255,12 @@ def main():
     t["hip"] = vp.get("hip")
     t["git_version"] = vp.get("git_version")
     pkg = None
-    if mode != "full":
+    full_first = mode == "full" or gpu_nodes_present()
+    if not full_first:
         stage("core")
+        blocked = "numpy" not in sys.modules
+        if blocked:
+            sys.modules["numpy"] = None  # torch._C imports numpy if it can; the core facts never need it
         try:
             pkg = core(t, torch_dir, spec)
             t["probe_mode"] = "core"
@@ -265,9 +269,11 @@ def main():
             pkg = None
             for name in [m for m in sys.modules if m == "torch" or m.startswith("torch.")]:
                 del sys.modules[name]
+        if blocked and sys.modules.get("numpy", 0) is None:
+            del sys.modules["numpy"]
         t["library_paths"] = loaded_libraries()
         emit()
-    need_full = mode == "full" or pkg is None or gpu_nodes_present() or bool(t.get("device_count"))
+    need_full = full_first or pkg is None or bool(t.get("device_count"))
     if need_full:
         try:
             full(t, pkg, spec)
