@@ -46,7 +46,7 @@ def _unpack(fmt: str, buf, off: int, what: str):
         if off < 0:
             raise struct.error("negative offset")
         return struct.unpack_from(fmt, buf, off)
-    except struct.error as exc:
+    except (struct.error, OverflowError) as exc:
         raise BinaryFormatError(f"truncated ELF file: cannot read the {what} at offset {off}.") from exc
 
 
