@@ -39,5 +39,21 @@ TORCH_LIBRARY(cudadoctor_ops, m) {
       "batch_norm_update_stats(Tensor(a!) running_mean, Tensor(b!) running_var, "
       "Tensor save_mean, Tensor save_invstd, float momentum, float eps, int count) -> ()");
 
+  // ---- Depthwise conv2d (csrc/depthwise*.cu, cudadoctor_ops/depthwise.py) ----
+  // groups == input channels; weight [C*multiplier, 1, kh, kw]. impl: 0 auto (fast kernels where
+  // they apply), 1 direct reference kernels. Output keeps input's layout (NCHW or channels_last).
+  m.def(
+      "depthwise_conv2d(Tensor input, Tensor weight, Tensor? bias, int[2] stride, "
+      "int[2] padding, int[2] dilation, int impl=0) -> Tensor");
+  // Gradient w.r.t. input; `input` supplies the shape and layout only.
+  m.def(
+      "depthwise_conv2d_backward_input(Tensor grad_output, Tensor input, Tensor weight, "
+      "int[2] stride, int[2] padding, int[2] dilation, int impl=0) -> Tensor");
+  // (grad_weight, grad_bias); grad_bias has shape [0] when bias_grad is false.
+  m.def(
+      "depthwise_conv2d_backward_weight(Tensor grad_output, Tensor input, Tensor weight, "
+      "int[2] stride, int[2] padding, int[2] dilation, bool bias_grad, int impl=0) "
+      "-> (Tensor, Tensor)");
+
   // ---- further ops: append their m.def lines here ----
 }

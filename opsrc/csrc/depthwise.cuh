@@ -1,0 +1,102 @@
+// Depthwise 2-D convolution: shared declarations between the op file
+// (depthwise.cu) and the fast-path kernel files (depthwise_fwd.cu,
+// depthwise_wgrad.cu).
+//
+// The fast kernels take raw pointers and a small shape struct so that their
+// translation units need no ATen headers at all; the launchers return false
+// when a case is outside what the fast kernels handle, and the caller then
+// runs the direct (reference) kernels.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <cuda_runtime.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+namespace cudadoctor_ops {
+namespace depthwise {
+
+enum class DType { F32, F16, BF16 };
+
+// Shape of one depthwise convolution with channel multiplier 1, square
+// kernel K, equal stride S on both axes and dilation 1 (the fast-path case).
+// Padding may be negative: the input-gradient path runs the forward kernel
+// with padding K-1-p, which is negative when p > K-1.
+struct FastShape {
+  int N, C, H, W;   // input
+  int Ho, Wo;       // output
+  int K, S;         // kernel size, stride
+  int PH, PW;       // padding (top/left)
+};
+
+// Forward (or, with flip=true and stride 1, input gradient) for contiguous
+// NCHW tensors: `in` [N,C,H,W], `w` [C,1,K,K], `bias` [C] or null,
+// `out` [N,C,Ho,Wo].
+bool launch_fwd_nchw(DType dt, const void* in, const void* w, const void* bias,
+                     void* out, const FastShape& s, bool flip,
+                     cudaStream_t stream);
+
+// Same for channels_last tensors: `in` [N,H,W,C] in memory, `out` [N,Ho,Wo,C].
+bool launch_fwd_nhwc(DType dt, const void* in, const void* w, const void* bias,
+                     void* out, const FastShape& s, bool flip,
+                     cudaStream_t stream);
+
+// Weight (and optionally bias) gradient. Number of float32 workspace
+// elements the launcher needs; 0 means the fast path does not apply.
+int64_t wgrad_workspace(DType dt, bool channels_last, const FastShape& s);
+
+// `go` grad output, `in` input (same layout), `gw` [C,1,K,K] contiguous,
+// `gb` [C] or null, `ws` at least wgrad_workspace() floats.
+bool launch_wgrad(DType dt, bool channels_last, const void* go, const void* in,
+                  void* gw, void* gb, float* ws, const FastShape& s,
+                  cudaStream_t stream);
+
+// ---------------------------------------------------------------------------
+// Device helpers shared by the kernel files.
+
+template <typename T>
+__device__ __forceinline__ float to_float(T v) {
+  return static_cast<float>(v);
+}
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v) {
+  return static_cast<T>(v);
+}
+
+template <int BYTES>
+struct RawVec;
+template <>
+struct RawVec<16> { using type = uint4; };
+template <>
+struct RawVec<8> { using type = uint2; };
+template <>
+struct RawVec<4> { using type = unsigned int; };
+template <>
+struct RawVec<2> { using type = unsigned short; };
+
+// Load V consecutive elements (aligned to V*sizeof(T)) as one vector access.
+template <typename T, int V>
+__device__ __forceinline__ void load_vec(const T* p, float (&out)[V]) {
+  using R = typename RawVec<sizeof(T) * V>::type;
+  R r = __ldg(reinterpret_cast<const R*>(p));
+  T tmp[V];
+  memcpy(tmp, &r, sizeof(R));
+#pragma unroll
+  for (int i = 0; i < V; ++i) out[i] = static_cast<float>(tmp[i]);
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void store_vec(T* p, const float (&in)[V]) {
+  using R = typename RawVec<sizeof(T) * V>::type;
+  T tmp[V];
+#pragma unroll
+  for (int i = 0; i < V; ++i) tmp[i] = static_cast<T>(in[i]);
+  R r;
+  memcpy(&r, tmp, sizeof(R));
+  *reinterpret_cast<R*>(p) = r;
+}
+
+}  // namespace depthwise
+}  // namespace cudadoctor_ops

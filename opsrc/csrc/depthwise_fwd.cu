@@ -1,0 +1,313 @@
+// Depthwise 2-D convolution, fast forward kernels (multiplier 1, square
+// K in {3,5,7}, stride 1 or 2, dilation 1). With flip=true and stride 1 the
+// same kernels compute the input gradient: dX = conv(dY, rot180(w), pad K-1-p).
+#include "depthwise.cuh"
+
+namespace cudadoctor_ops {
+namespace depthwise {
+namespace {
+
+constexpr int kThreads = 256;
+
+// NCHW tiled kernel.
+//   in   [N*C planes][H][W]       (contiguous)
+//   w    [C][K][K]                (contiguous)
+//   bias [C] or null
+//   out  [N*C planes][Ho][Wo]     (contiguous)
+// One block computes an output tile of TW = blockDim.x columns by
+// TH = blockDim.y * R rows of one plane. The input tile plus halo,
+// ((TH-1)*S+K) x ((TW-1)*S+K), is staged in shared memory as float (zero
+// outside the image); each thread then computes R vertically adjacent outputs
+// of one column, reusing each shared-memory row it reads across the R rows
+// (register blocking). Consecutive threads own consecutive columns, so shared
+// reads are conflict-free at stride 1 and global stores coalesce.
+template <typename T, int K, int S, int R>
+__global__ void __launch_bounds__(kThreads)
+    fwd_nchw_tiled(const T* __restrict__ in, const T* __restrict__ w,
+                   const T* __restrict__ bias, T* __restrict__ out, int C,
+                   int H, int W, int Ho, int Wo, int PH, int PW, int tilesX,
+                   int tilesY, bool flip) {
+  extern __shared__ float tile[];
+  const int BX = blockDim.x;
+  const int BY = blockDim.y;
+  const int TW = BX;
+  const int TH = BY * R;
+  const int IW = (TW - 1) * S + K;
+  const int IH = (TH - 1) * S + K;
+
+  int64_t b = blockIdx.x;
+  const int tx_tile = static_cast<int>(b % tilesX);
+  b /= tilesX;
+  const int ty_tile = static_cast<int>(b % tilesY);
+  const int64_t plane = b / tilesY;
+  const int c = static_cast<int>(plane % C);
+
+  const int ox0 = tx_tile * TW;
+  const int oy0 = ty_tile * TH;
+  const int ix0 = ox0 * S - PW;
+  const int iy0 = oy0 * S - PH;
+  const T* ip = in + plane * static_cast<int64_t>(H) * W;
+
+  for (int r = threadIdx.y; r < IH; r += BY) {
+    const int iy = iy0 + r;
+    const bool row_ok = iy >= 0 && iy < H;
+    const T* rp = ip + static_cast<int64_t>(iy) * W;
+    float* sp = tile + r * IW;
+    for (int q = threadIdx.x; q < IW; q += BX) {
+      const int ix = ix0 + q;
+      float v = 0.f;
+      if (row_ok && ix >= 0 && ix < W) v = to_float(rp[ix]);
+      sp[q] = v;
+    }
+  }
+
+  float wr[K * K];
+  const T* wp = w + static_cast<int64_t>(c) * K * K;
+#pragma unroll
+  for (int t = 0; t < K * K; ++t) wr[t] = to_float(wp[flip ? K * K - 1 - t : t]);
+  const float bv = bias != nullptr ? to_float(bias[c]) : 0.f;
+  __syncthreads();
+
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = bv;
+
+  const float* sp = tile + (threadIdx.y * R * S) * IW + threadIdx.x * S;
+#pragma unroll
+  for (int ir = 0; ir < (R - 1) * S + K; ++ir) {
+    float row[K];
+#pragma unroll
+    for (int kw = 0; kw < K; ++kw) row[kw] = sp[ir * IW + kw];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int kh = ir - r * S;
+      if (kh >= 0 && kh < K) {
+#pragma unroll
+        for (int kw = 0; kw < K; ++kw) acc[r] = fmaf(row[kw], wr[kh * K + kw], acc[r]);
+      }
+    }
+  }
+
+  const int ox = ox0 + threadIdx.x;
+  if (ox < Wo) {
+    T* op = out + plane * static_cast<int64_t>(Ho) * Wo + ox;
+    const int oyb = oy0 + threadIdx.y * R;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int oy = oyb + r;
+      if (oy < Ho) op[static_cast<int64_t>(oy) * Wo] = from_float<T>(acc[r]);
+    }
+  }
+}
+
+// NHWC (channels_last) kernel.
+//   in   [N][H][W][C]   out [N][Ho][Wo][C]   w [C][K][K]   bias [C] or null
+// Threads: x = a vector of V channels (16-byte loads/stores), y = a group of
+// RW horizontally adjacent outputs of one output row. Each input vector loaded
+// for a row is reused by every output of the group it touches (register
+// blocking along W). The block's K*K weights for its TX*V channels are staged
+// transposed in shared memory ([tap][channel]) so a thread reads its V
+// weights of one tap as contiguous floats.
+template <typename T, int K, int S, int V, int RW>
+__global__ void __launch_bounds__(kThreads)
+    fwd_nhwc(const T* __restrict__ in, const T* __restrict__ w,
+             const T* __restrict__ bias, T* __restrict__ out, int C, int H,
+             int W, int Ho, int Wo, int PH, int PW, int groupsW,
+             int64_t total_groups, bool flip) {
+  extern __shared__ float sw[];  // [K*K][TXC] weights, then [TXC] bias
+  const int TXC = blockDim.x * V;
+  const int c0 = blockIdx.y * TXC;
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  const int nthr = blockDim.x * blockDim.y;
+  for (int i = tid; i < TXC * K * K; i += nthr) {
+    const int cl = i / (K * K);
+    const int t = i - cl * (K * K);
+    const int cc = c0 + cl;
+    float v = 0.f;
+    if (cc < C) v = to_float(w[static_cast<int64_t>(cc) * K * K + (flip ? K * K - 1 - t : t)]);
+    sw[t * TXC + cl] = v;
+  }
+  float* sb = sw + K * K * TXC;
+  for (int i = tid; i < TXC; i += nthr) {
+    const int cc = c0 + i;
+    sb[i] = (bias != nullptr && cc < C) ? to_float(bias[cc]) : 0.f;
+  }
+  __syncthreads();
+
+  const int cl = threadIdx.x * V;
+  const int c = c0 + cl;
+  const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  if (c >= C || g >= total_groups) return;
+  const int gx = static_cast<int>(g % groupsW);
+  const int64_t t2 = g / groupsW;
+  const int oy = static_cast<int>(t2 % Ho);
+  const int64_t n = t2 / Ho;
+  const int ox0 = gx * RW;
+
+  float acc[RW][V];
+#pragma unroll
+  for (int r = 0; r < RW; ++r)
+#pragma unroll
+    for (int e = 0; e < V; ++e) acc[r][e] = sb[cl + e];
+
+  const int64_t rowstride = static_cast<int64_t>(W) * C;
+  const T* ip = in + n * H * rowstride + c;
+  constexpr int NCOL = (RW - 1) * S + K;
+  const int ixb = ox0 * S - PW;
+
+#pragma unroll
+  for (int kh = 0; kh < K; ++kh) {
+    const int iy = oy * S - PH + kh;
+    if (iy < 0 || iy >= H) continue;
+    float wk[K][V];
+#pragma unroll
+    for (int kw = 0; kw < K; ++kw)
+#pragma unroll
+      for (int e = 0; e < V; ++e) wk[kw][e] = sw[(kh * K + kw) * TXC + cl + e];
+    const T* rp = ip + iy * rowstride;
+#pragma unroll
+    for (int j = 0; j < NCOL; ++j) {
+      const int ix = ixb + j;
+      float v[V];
+      if (ix >= 0 && ix < W) {
+        load_vec<T, V>(rp + static_cast<int64_t>(ix) * C, v);
+      } else {
+#pragma unroll
+        for (int e = 0; e < V; ++e) v[e] = 0.f;
+      }
+#pragma unroll
+      for (int r = 0; r < RW; ++r) {
+        const int kw = j - r * S;
+        if (kw >= 0 && kw < K) {
+#pragma unroll
+          for (int e = 0; e < V; ++e) acc[r][e] = fmaf(v[e], wk[kw][e], acc[r][e]);
+        }
+      }
+    }
+  }
+
+  T* op = out + (n * Ho + oy) * static_cast<int64_t>(Wo) * C + c;
+#pragma unroll
+  for (int r = 0; r < RW; ++r) {
+    const int ox = ox0 + r;
+    if (ox < Wo) store_vec<T, V>(op + static_cast<int64_t>(ox) * C, acc[r]);
+  }
+}
+
+int pick_bx(int wo) { return wo > 96 ? 128 : (wo > 48 ? 64 : 32); }
+
+template <typename T, int K, int S, int R>
+void run_nchw(const void* in, const void* w, const void* bias, void* out,
+              const FastShape& s, bool flip, cudaStream_t stream) {
+  const int BX = pick_bx(s.Wo);
+  int BY = kThreads / BX;
+  const int need_rows = (s.Ho + R - 1) / R;
+  if (need_rows < BY) BY = need_rows < 1 ? 1 : need_rows;
+  const int TH = BY * R;
+  const int tilesX = (s.Wo + BX - 1) / BX;
+  const int tilesY = (s.Ho + TH - 1) / TH;
+  const int64_t blocks = static_cast<int64_t>(tilesX) * tilesY * s.N * s.C;
+  const int IW = (BX - 1) * S + K;
+  const int IH = (TH - 1) * S + K;
+  const size_t smem = static_cast<size_t>(IW) * IH * sizeof(float);
+  fwd_nchw_tiled<T, K, S, R><<<static_cast<unsigned>(blocks), dim3(BX, BY), smem, stream>>>(
+      static_cast<const T*>(in), static_cast<const T*>(w),
+      static_cast<const T*>(bias), static_cast<T*>(out), s.C, s.H, s.W, s.Ho,
+      s.Wo, s.PH, s.PW, tilesX, tilesY, flip);
+}
+
+template <typename T, int K, int S>
+void dispatch_r(const void* in, const void* w, const void* bias, void* out,
+                const FastShape& s, bool flip, cudaStream_t stream) {
+  if (S == 1) {
+    // Taller tiles (R=8) halve the halo re-reads; use them only when the grid
+    // still has a couple of blocks per SM slot.
+    const int64_t tiles8 = static_cast<int64_t>((s.Wo + pick_bx(s.Wo) - 1) / pick_bx(s.Wo)) *
+                           ((s.Ho + 15) / 16) * s.N * s.C;
+    if (tiles8 >= 2048) {
+      run_nchw<T, K, S, 8>(in, w, bias, out, s, flip, stream);
+      return;
+    }
+  }
+  run_nchw<T, K, S, 4>(in, w, bias, out, s, flip, stream);
+}
+
+template <typename T, int K, int S>
+void run_nhwc(const void* in, const void* w, const void* bias, void* out,
+              const FastShape& s, bool flip, cudaStream_t stream) {
+  constexpr int V = 16 / sizeof(T);
+  constexpr int RW = 4;
+  const int CV = s.C / V;
+  int TX = 128 / V;
+  if (CV < TX) TX = CV;
+  const int TY = kThreads / TX;
+  const int groupsW = (s.Wo + RW - 1) / RW;
+  const int64_t total = static_cast<int64_t>(s.N) * s.Ho * groupsW;
+  const int64_t gx = (total + TY - 1) / TY;
+  const int gy = (CV + TX - 1) / TX;
+  const size_t smem = static_cast<size_t>(K * K + 1) * TX * V * sizeof(float);
+  fwd_nhwc<T, K, S, V, RW><<<dim3(static_cast<unsigned>(gx), gy), dim3(TX, TY), smem, stream>>>(
+      static_cast<const T*>(in), static_cast<const T*>(w),
+      static_cast<const T*>(bias), static_cast<T*>(out), s.C, s.H, s.W, s.Ho,
+      s.Wo, s.PH, s.PW, groupsW, total, flip);
+}
+
+template <typename T>
+bool dispatch_ks(bool nhwc, const void* in, const void* w, const void* bias,
+                 void* out, const FastShape& s, bool flip, cudaStream_t stream) {
+#define CDO_DW_CASE(KK, SS)                                              \
+  if (s.K == KK && s.S == SS) {                                          \
+    if (nhwc)                                                            \
+      run_nhwc<T, KK, SS>(in, w, bias, out, s, flip, stream);            \
+    else                                                                 \
+      dispatch_r<T, KK, SS>(in, w, bias, out, s, flip, stream);          \
+    return true;                                                         \
+  }
+  CDO_DW_CASE(3, 1)
+  CDO_DW_CASE(3, 2)
+  CDO_DW_CASE(5, 1)
+  CDO_DW_CASE(5, 2)
+  CDO_DW_CASE(7, 1)
+  CDO_DW_CASE(7, 2)
+#undef CDO_DW_CASE
+  return false;
+}
+
+bool dispatch_type(DType dt, bool nhwc, const void* in, const void* w,
+                   const void* bias, void* out, const FastShape& s, bool flip,
+                   cudaStream_t stream) {
+  switch (dt) {
+    case DType::F32:
+      return dispatch_ks<float>(nhwc, in, w, bias, out, s, flip, stream);
+    case DType::F16:
+      return dispatch_ks<c10::Half>(nhwc, in, w, bias, out, s, flip, stream);
+    case DType::BF16:
+      return dispatch_ks<c10::BFloat16>(nhwc, in, w, bias, out, s, flip, stream);
+  }
+  return false;
+}
+
+bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
+
+}  // namespace
+
+bool launch_fwd_nchw(DType dt, const void* in, const void* w, const void* bias,
+                     void* out, const FastShape& s, bool flip,
+                     cudaStream_t stream) {
+  if (s.Ho <= 0 || s.Wo <= 0 || s.N <= 0 || s.C <= 0) return false;
+  return dispatch_type(dt, false, in, w, bias, out, s, flip, stream);
+}
+
+bool launch_fwd_nhwc(DType dt, const void* in, const void* w, const void* bias,
+                     void* out, const FastShape& s, bool flip,
+                     cudaStream_t stream) {
+  if (s.Ho <= 0 || s.Wo <= 0 || s.N <= 0 || s.C <= 0) return false;
+  const int V = dt == DType::F32 ? 4 : 8;
+  if (s.C % V != 0 || !aligned16(in) || !aligned16(out)) return false;
+  return dispatch_type(dt, true, in, w, bias, out, s, flip, stream);
+}
+
+}  // namespace depthwise
+}  // namespace cudadoctor_ops

@@ -1,0 +1,286 @@
+"""Depthwise 2-D convolution (``groups == in_channels``) on CUDA.
+
+Public API:
+
+* :func:`depthwise_conv2d` -- ``F.conv2d(input, weight, bias, stride, padding, dilation,
+  groups=C)`` for a weight of shape ``[C * multiplier, 1, kh, kw]``; differentiable in input,
+  weight and bias.
+* :class:`DepthwiseConv2d` -- a drop-in :class:`torch.nn.Conv2d` subclass with ``groups`` fixed to
+  ``in_channels`` and the same ``state_dict``.
+
+Kernels: specialised fast paths (3x3, 5x5, 7x7 at stride 1 and 2, dilation 1, multiplier 1,
+float32/float16/bfloat16, NCHW and channels_last) and direct reference kernels for everything else
+(any kernel size, stride, dilation, padding, multiplier; float64 too). ``impl="direct"`` or the
+environment variable ``CUDADOCTOR_OPS_DEPTHWISE_IMPL=direct`` forces the reference kernels.
+The output keeps the input's memory format (channels_last in, channels_last out).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+__all__ = ["depthwise_conv2d", "DepthwiseConv2d"]
+
+_IMPLS = {"auto": 0, "direct": 1}
+_ENV_IMPL = "CUDADOCTOR_OPS_DEPTHWISE_IMPL"
+
+_ops = torch.ops.cudadoctor_ops
+
+
+def _pair(value: int | Sequence[int], name: str) -> list[int]:
+    if isinstance(value, bool):
+        raise TypeError(f"depthwise_conv2d: {name} must be an int or a pair of ints, got {value!r}")
+    if isinstance(value, int):
+        return [value, value]
+    vals = list(value)
+    if len(vals) == 1:
+        vals = vals * 2
+    if len(vals) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in vals):
+        raise TypeError(f"depthwise_conv2d: {name} must be an int or a pair of ints, got {value!r}")
+    return vals
+
+
+def _impl_code(impl: str | None) -> int:
+    name = impl if impl is not None else os.environ.get(_ENV_IMPL, "auto") or "auto"
+    if name not in _IMPLS:
+        raise ValueError(
+            f"depthwise_conv2d: impl must be one of {sorted(_IMPLS)}, got {name!r}"
+            + ("" if impl is not None else f" (from ${_ENV_IMPL})")
+        )
+    return _IMPLS[name]
+
+
+def _memory_format(t: torch.Tensor) -> torch.memory_format:
+    # Same rule as the CUDA side: channels_last only when the tensor is channels_last and not
+    # also plain contiguous (C == 1 or H == W == 1 are both; those stay NCHW).
+    if not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last):
+        return torch.channels_last
+    return torch.contiguous_format
+
+
+def _output_hw(input: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, op: str):
+    """Checks shapes and arguments like the CUDA side does; returns (Co, Ho, Wo)."""
+    if input.dim() != 4:
+        raise RuntimeError(f"{op}: input must be 4-D (N, C, H, W), got {input.dim()}-D")
+    if weight.dtype != input.dtype:
+        raise RuntimeError(
+            f"{op}: weight dtype {weight.dtype} does not match input dtype {input.dtype}"
+        )
+    if weight.device != input.device:
+        raise RuntimeError(
+            f"{op}: weight is on {weight.device} but input is on {input.device}; move both to "
+            "the same CUDA device"
+        )
+    C = input.shape[1]
+    if (
+        weight.dim() != 4
+        or weight.shape[1] != 1
+        or C <= 0
+        or weight.shape[0] <= 0
+        or weight.shape[0] % C != 0
+        or weight.shape[2] <= 0
+        or weight.shape[3] <= 0
+    ):
+        raise RuntimeError(
+            f"{op}: weight must have shape [C*multiplier, 1, kh, kw] with C = {C} input channels "
+            f"(groups == C), got weight sizes {list(weight.shape)}"
+        )
+    sh, sw = stride
+    ph, pw = padding
+    dh, dw = dilation
+    if sh <= 0 or sw <= 0:
+        raise RuntimeError(f"{op}: stride must be positive, got {list(stride)}")
+    if ph < 0 or pw < 0:
+        raise RuntimeError(f"{op}: padding must be non-negative, got {list(padding)}")
+    if dh <= 0 or dw <= 0:
+        raise RuntimeError(f"{op}: dilation must be positive, got {list(dilation)}")
+    H, W = input.shape[2], input.shape[3]
+    kh, kw = weight.shape[2], weight.shape[3]
+    eh, ew = dh * (kh - 1) + 1, dw * (kw - 1) + 1
+    if H + 2 * ph < eh or W + 2 * pw < ew:
+        raise RuntimeError(
+            f"{op}: padded input {H + 2 * ph}x{W + 2 * pw} is smaller than the dilated kernel "
+            f"{eh}x{ew}"
+        )
+    return weight.shape[0], (H + 2 * ph - eh) // sh + 1, (W + 2 * pw - ew) // sw + 1
+
+
+# ---- fake (meta) kernels -------------------------------------------------------------------
+
+
+@torch.library.register_fake("cudadoctor_ops::depthwise_conv2d")
+def _forward_fake(input, weight, bias, stride, padding, dilation, impl=0):
+    Co, Ho, Wo = _output_hw(input, weight, stride, padding, dilation, "depthwise_conv2d")
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != Co):
+        raise RuntimeError(f"depthwise_conv2d: bias must have shape [{Co}], got {list(bias.shape)}")
+    return torch.empty(
+        (input.shape[0], Co, Ho, Wo),
+        dtype=input.dtype,
+        device=input.device,
+        memory_format=_memory_format(input),
+    )
+
+
+@torch.library.register_fake("cudadoctor_ops::depthwise_conv2d_backward_input")
+def _backward_input_fake(grad_output, input, weight, stride, padding, dilation, impl=0):
+    _output_hw(input, weight, stride, padding, dilation, "depthwise_conv2d_backward_input")
+    return torch.empty(
+        tuple(input.shape), dtype=input.dtype, device=input.device,
+        memory_format=_memory_format(input),
+    )
+
+
+@torch.library.register_fake("cudadoctor_ops::depthwise_conv2d_backward_weight")
+def _backward_weight_fake(grad_output, input, weight, stride, padding, dilation, bias_grad, impl=0):
+    Co, _, _ = _output_hw(input, weight, stride, padding, dilation,
+                          "depthwise_conv2d_backward_weight")
+    gw = torch.empty(tuple(weight.shape), dtype=input.dtype, device=input.device)
+    gb = torch.empty((Co if bias_grad else 0,), dtype=input.dtype, device=input.device)
+    return gw, gb
+
+
+# ---- autograd --------------------------------------------------------------------------------
+
+
+def _setup_context(ctx, inputs, output):
+    input, weight, bias, stride, padding, dilation, impl = inputs
+    ctx.save_for_backward(input, weight)
+    ctx.has_bias = bias is not None
+    ctx.conv_args = (list(stride), list(padding), list(dilation), impl)
+
+
+def _backward(ctx, grad_output):
+    input, weight = ctx.saved_tensors
+    stride, padding, dilation, impl = ctx.conv_args
+    need_in, need_w, need_b = ctx.needs_input_grad[:3]
+    need_b = need_b and ctx.has_bias
+    grad_input = grad_weight = grad_bias = None
+    if need_in:
+        grad_input = _ops.depthwise_conv2d_backward_input(
+            grad_output, input, weight, stride, padding, dilation, impl
+        )
+    if need_w or need_b:
+        gw, gb = _ops.depthwise_conv2d_backward_weight(
+            grad_output, input, weight, stride, padding, dilation, need_b, impl
+        )
+        grad_weight = gw if need_w else None
+        grad_bias = gb if need_b else None
+    return grad_input, grad_weight, grad_bias, None, None, None, None
+
+
+torch.library.register_autograd(
+    "cudadoctor_ops::depthwise_conv2d", _backward, setup_context=_setup_context
+)
+
+
+# ---- public API ------------------------------------------------------------------------------
+
+
+def depthwise_conv2d(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    stride: int | Sequence[int] = 1,
+    padding: int | Sequence[int] = 0,
+    dilation: int | Sequence[int] = 1,
+    *,
+    impl: str | None = None,
+) -> torch.Tensor:
+    """Depthwise convolution, equal to ``F.conv2d(..., groups=input.shape[1])``.
+
+    ``weight`` is ``[C * multiplier, 1, kh, kw]``; ``stride``, ``padding`` and ``dilation`` are
+    ints or (h, w) pairs. ``impl``: ``"auto"`` (default; fast kernels where they apply) or
+    ``"direct"`` (reference kernels); ``None`` reads ``$CUDADOCTOR_OPS_DEPTHWISE_IMPL``.
+    Inputs must be CUDA tensors of one dtype (float32, float16, bfloat16 or float64).
+    """
+    for name, t in (("input", input), ("weight", weight), ("bias", bias)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"depthwise_conv2d: {name} must be a tensor, got {type(t).__name__}")
+    if input.device.type != "cuda":
+        raise RuntimeError(
+            f"depthwise_conv2d: input must be a CUDA tensor, got device {input.device}; "
+            "use torch.nn.functional.conv2d(..., groups=C) on other devices"
+        )
+    return _ops.depthwise_conv2d(
+        input,
+        weight,
+        bias,
+        _pair(stride, "stride"),
+        _pair(padding, "padding"),
+        _pair(dilation, "dilation"),
+        _impl_code(impl),
+    )
+
+
+class DepthwiseConv2d(nn.Conv2d):
+    """``nn.Conv2d`` with ``groups = in_channels`` that runs :func:`depthwise_conv2d` on CUDA.
+
+    Same constructor arguments as ``nn.Conv2d`` (``out_channels`` defaults to ``in_channels`` and
+    must be a multiple of it; ``groups``, if given, must equal ``in_channels``), same parameters
+    and ``state_dict``. Inputs on other devices, ``padding_mode`` other than ``"zeros"`` and
+    ``padding="same"`` that needs uneven padding run ``nn.Conv2d.forward``.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int | None = None,
+        kernel_size: int | tuple[int, int] = 3,
+        stride: int | tuple[int, int] = 1,
+        padding: int | tuple[int, int] | str = 0,
+        dilation: int | tuple[int, int] = 1,
+        groups: int | None = None,
+        bias: bool = True,
+        padding_mode: str = "zeros",
+        device=None,
+        dtype=None,
+    ) -> None:
+        if out_channels is None:
+            out_channels = in_channels
+        if groups is not None and groups != in_channels:
+            raise ValueError(
+                f"DepthwiseConv2d: groups must equal in_channels ({in_channels}), got {groups}"
+            )
+        if in_channels <= 0 or out_channels % in_channels != 0:
+            raise ValueError(
+                "DepthwiseConv2d: out_channels must be a positive multiple of in_channels, got "
+                f"in_channels={in_channels}, out_channels={out_channels}"
+            )
+        super().__init__(
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride=stride,
+            padding=padding,
+            dilation=dilation,
+            groups=in_channels,
+            bias=bias,
+            padding_mode=padding_mode,
+            device=device,
+            dtype=dtype,
+        )
+
+    def _int_padding(self) -> list[int] | None:
+        if not isinstance(self.padding, str):
+            return list(self.padding)
+        if self.padding == "valid":
+            return [0, 0]
+        pads = []
+        for d, k in zip(self.dilation, self.kernel_size):
+            total = d * (k - 1)
+            if total % 2:
+                return None
+            pads.append(total // 2)
+        return pads
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        pad = self._int_padding()
+        if pad is None or self.padding_mode != "zeros" or input.device.type != "cuda":
+            return super().forward(input)
+        return depthwise_conv2d(
+            input, self.weight, self.bias, self.stride, pad, self.dilation
+        )
