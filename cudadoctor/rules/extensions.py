@@ -45,7 +45,7 @@ def _name(e: dict) -> str:
 def ext_no_kernel_image(f: Facts):
     gpus = _gpus(f)
     if not gpus:
-        return None
+        return []
     out = []
     driver_cuda = f.get("driver.cuda")
     for n, e in enumerate(f.list("extensions")):
