@@ -1,0 +1,79 @@
+"""torch rules: CPU-only builds and builds without kernels for the GPU; the wheel they recommend."""
+
+import pytest
+
+from factsbuilder import facts, finding, ids
+
+
+def test_cpu_build_on_gpu_machine():
+    f = facts(torch={"version": "2.5.1+cpu", "cuda": None, "arch_list": [], "cuda_available": False})
+    fd = finding(f, "TORCH_CPU_ONLY")
+    assert ids(f)[0] == "TORCH_CPU_ONLY"
+    assert fd["fix"][0] == "pip uninstall -y torch"
+    # driver 12.4, RTX 4090: the 2.5.1 cu124 wheel fits
+    assert "pip install torch==2.5.1 --index-url https://download.pytorch.org/whl/cu124" in fd["fix"]
+
+
+def test_cpu_build_by_null_cuda_and_not_available():
+    f = facts(torch={"version": "2.3.1", "cuda": None, "arch_list": None, "cuda_available": False})
+    assert "TORCH_CPU_ONLY" in ids(f)
+
+
+def test_cpu_build_without_gpu_is_fine():
+    f = facts(gpus=[], driver={"version": None, "kernel_module": None, "cuda": None, "libcuda": [], "device_nodes": []},
+              torch={"version": "2.5.1+cpu", "cuda": None, "cuda_available": False})
+    assert "TORCH_CPU_ONLY" not in ids(f)
+
+
+def test_unknown_cuda_but_available_is_not_cpu():
+    f = facts(torch={"version": "1.4.0", "cuda": None, "arch_list": None, "cuda_available": True})
+    assert "TORCH_CPU_ONLY" not in ids(f)
+
+
+def test_rtx5090_on_cu126_wheel():
+    f = facts(driver={"version": "570.124.04", "kernel_module": "570.124.04", "cuda": "12.8"},
+              gpus=[{"index": 0, "name": "NVIDIA GeForce RTX 5090", "cc": "12.0"}],
+              torch={"version": "2.6.0+cu126", "cuda": "12.6"})
+    fd = finding(f, "TORCH_NO_KERNEL_IMAGE")
+    assert ids(f)[0] == "TORCH_NO_KERNEL_IMAGE"
+    assert fd["fix"] == ["pip install torch==2.7.1 --index-url https://download.pytorch.org/whl/cu128"]
+    assert "gpus[0].cc" in fd["facts"]
+
+
+def test_old_gpu_dropped_from_new_wheel():
+    f = facts(driver={"cuda": "12.4"}, gpus=[{"index": 0, "name": "GeForce GTX 1080", "cc": "6.1"}],
+              torch={"version": "2.7.1+cu128", "cuda": "12.8",
+                     "arch_list": ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120", "compute_120"]})
+    fd = finding(f, "TORCH_NO_KERNEL_IMAGE")
+    # same torch release, a variant the 12.4 driver runs and whose arch list has 6.0 (sm_60 runs on 6.1)
+    assert fd["fix"] == ["pip install torch==2.7.1 --index-url https://download.pytorch.org/whl/cu118"]
+
+
+def test_ptx_covers_newer_gpu():
+    f = facts(gpus=[{"index": 0, "name": "X", "cc": "12.0"}], driver={"cuda": "12.8"},
+              torch={"version": "2.7.1+cu128", "cuda": "12.8", "arch_list": ["sm_90", "compute_90"]})
+    assert "TORCH_NO_KERNEL_IMAGE" not in ids(f)
+
+
+def test_sass_same_family_higher_minor():
+    f = facts(gpus=[{"index": 0, "name": "A10", "cc": "8.6"}], torch={"arch_list": ["sm_80"]})
+    assert "TORCH_NO_KERNEL_IMAGE" not in ids(f)
+
+
+def test_cc_from_name_when_missing():
+    f = facts(driver={"version": "570.124.04", "kernel_module": "570.124.04", "cuda": "12.8"},
+              gpus=[{"index": 0, "name": "NVIDIA GeForce RTX 5090", "cc": None}],
+              torch={"version": "2.6.0+cu126", "cuda": "12.6"})
+    assert "TORCH_NO_KERNEL_IMAGE" in ids(f)
+
+
+def test_device_error_without_arch_list():
+    f = facts(torch={"arch_list": None,
+                     "device_error": "CUDA error: no kernel image is available for execution on the device"})
+    assert "TORCH_NO_KERNEL_IMAGE" in ids(f)
+
+
+@pytest.mark.parametrize("version", ["2.7.0.dev20250310+cu124", "2.6.0a0+ecf3bae40a.nv25.01", "garbage", ""])
+def test_odd_torch_versions_do_not_crash(version):
+    f = facts(torch={"version": version, "cuda": "cu121"})
+    assert "INTERNAL_RULE_ERROR" not in ids(f)
