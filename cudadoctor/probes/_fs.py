@@ -23,6 +23,11 @@ class Root:
         """The real path of ``path`` (as the probed system spells it) on this machine."""
         if self.is_host:
             return path
+        if path.startswith("/"):
+            path = self.realpath(path)  # absolute links inside the tree point into the tree
+        return self._join(path)
+
+    def _join(self, path: str) -> str:
         return os.path.join(self.root, path.lstrip("/"))
 
     def inner(self, host_path: str) -> str:
@@ -35,7 +40,7 @@ class Root:
         return "/" + ("" if rel == "." else rel)
 
     def exists(self, path: str) -> bool:
-        return os.path.lexists(self.host(path))
+        return os.path.exists(self.host(path)) or os.path.lexists(self._join(path))
 
     def isfile(self, path: str) -> bool:
         return os.path.isfile(self.host(path))
@@ -78,7 +83,7 @@ class Root:
                     resolved.pop()
                 continue
             candidate = "/" + "/".join(resolved + [part])
-            host = self.host(candidate)
+            host = self._join(candidate)
             if os.path.islink(host) and hops < 40:
                 hops += 1
                 try:
