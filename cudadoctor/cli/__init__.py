@@ -57,6 +57,13 @@ def error_paragraph(message: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from cudadoctor.cli.check_cmd import fast_check  # `check --from` skips building the typer app
+
+    fast = fast_check(list(sys.argv[1:] if argv is None else argv))
+    if fast is not None:
+        if argv is None:
+            sys.exit(fast)
+        return fast
     _load_commands()
     try:
         rv = app(args=argv, standalone_mode=False, prog_name="cudadoctor")

@@ -80,22 +80,19 @@ def _collect(redacted: bool) -> dict[str, Any]:
     return facts
 
 
-@app.command("check")
-def check(
-    from_file: Optional[str] = typer.Option(None, "--from", metavar="FILE",
-                                            help="Diagnose a saved facts snapshot or scenario file ('-' = stdin)."),
-    error: Optional[str] = typer.Option(None, "--error", metavar="TEXT",
-                                        help="An error message you saw ('-' = stdin); ranks the causes it implicates first."),
-    error_file: Optional[str] = typer.Option(None, "--error-file", metavar="PATH",
-                                             help="Read the error message from a file ('-' = stdin)."),
-    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON (cudadoctor.report/1)."),
-    fmt: str = typer.Option("human", "--format", metavar="FORMAT", help="human | json | github (workflow annotations)."),
-    strict: bool = typer.Option(False, "--strict", help="Exit 1 on warnings too."),
-    verbose: bool = typer.Option(False, "-v", "--verbose", help="Show more facts per area."),
-    list_rules: bool = typer.Option(False, "--list", help="List every rule: id, severity, one line."),
-    ascii_only: bool = typer.Option(False, "--ascii", help="ASCII marks instead of ✓ • ! ✗."),
-) -> None:
-    """Diagnose this machine (or a saved snapshot): driver, GPUs, torch, toolkit, compiler, arch list."""
+def run_check(
+    *,
+    from_file: Optional[str] = None,
+    error: Optional[str] = None,
+    error_file: Optional[str] = None,
+    json_out: bool = False,
+    fmt: str = "human",
+    strict: bool = False,
+    verbose: bool = False,
+    list_rules: bool = False,
+    ascii_only: bool = False,
+) -> int:
+    """The whole of `check`: print the rendered report and return the exit code."""
     from cudadoctor import render
 
     if list_rules:
@@ -103,7 +100,7 @@ def check(
 
         rules = sorted(load_rules().values(), key=lambda r: ({"error": 0, "warning": 1}.get(r.severity, 2), r.priority))
         typer.echo(render.rule_list([(r.id, r.severity, r.summary) for r in rules]), nl=False)
-        raise typer.Exit(EXIT_OK)
+        return EXIT_OK
     if fmt not in FORMATS:
         raise InputError(f"unknown --format {fmt!r}.", hint=f"Use one of: {', '.join(FORMATS)}.")
     if json_out:
@@ -124,8 +121,74 @@ def check(
     typer.echo(out, nl=False)
     sev = {f.get("severity") for f in report["findings"]}
     if "error" in sev or (strict and "warning" in sev):
-        raise typer.Exit(EXIT_FINDING)
-    raise typer.Exit(EXIT_OK)
+        return EXIT_FINDING
+    return EXIT_OK
+
+
+@app.command("check")
+def check(
+    from_file: Optional[str] = typer.Option(None, "--from", metavar="FILE",
+                                            help="Diagnose a saved facts snapshot or scenario file ('-' = stdin)."),
+    error: Optional[str] = typer.Option(None, "--error", metavar="TEXT",
+                                        help="An error message you saw ('-' = stdin); ranks the causes it implicates first."),
+    error_file: Optional[str] = typer.Option(None, "--error-file", metavar="PATH",
+                                             help="Read the error message from a file ('-' = stdin)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON (cudadoctor.report/1)."),
+    fmt: str = typer.Option("human", "--format", metavar="FORMAT", help="human | json | github (workflow annotations)."),
+    strict: bool = typer.Option(False, "--strict", help="Exit 1 on warnings too."),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="Show more facts per area."),
+    list_rules: bool = typer.Option(False, "--list", help="List every rule: id, severity, one line."),
+    ascii_only: bool = typer.Option(False, "--ascii", help="ASCII marks instead of ✓ • ! ✗."),
+) -> None:
+    """Diagnose this machine (or a saved snapshot): driver, GPUs, torch, toolkit, compiler, arch list.
+
+    Exit 0: no error finding; 1: an error finding (or a warning with --strict); 2: could not run.
+    """
+    raise typer.Exit(run_check(from_file=from_file, error=error, error_file=error_file, json_out=json_out,
+                               fmt=fmt, strict=strict, verbose=verbose, list_rules=list_rules,
+                               ascii_only=ascii_only))
+
+
+def fast_check(argv: list[str]) -> Optional[int]:
+    """`check --from FILE ...` / `check --list` without building the typer app (it costs more than the
+    diagnosis). Returns the exit code, or None to let the typer app handle anything else."""
+    if not argv or argv[0] != "check":
+        return None
+    rest = argv[1:]
+    if any(a in ("-h", "--help") for a in rest) or not any(a == "--list" or a.startswith("--from") for a in rest):
+        return None
+    import argparse
+
+    ap = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    ap.add_argument("--from", dest="from_file")
+    ap.add_argument("--error")
+    ap.add_argument("--error-file")
+    ap.add_argument("--json", dest="json_out", action="store_true")
+    ap.add_argument("--format", dest="fmt", default="human")
+    ap.add_argument("--strict", action="store_true")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    ap.add_argument("--list", dest="list_rules", action="store_true")
+    ap.add_argument("--ascii", dest="ascii_only", action="store_true")
+    try:
+        ns, extra = ap.parse_known_args(rest)
+    except (argparse.ArgumentError, SystemExit):
+        return None
+    if extra:
+        return None  # let the typer app report the unknown argument
+    import os
+
+    from cudadoctor.cli import error_paragraph
+
+    try:
+        return run_check(**vars(ns))
+    except CudadoctorError as exc:
+        if os.environ.get("CUDADOCTOR_DEBUG"):
+            raise
+        error_paragraph(str(exc))
+        return exc.exit_code
+    except KeyboardInterrupt:
+        typer.echo("cudadoctor: interrupted", err=True)
+        return 130
 
 
 def _can_encode(s: str) -> bool:
