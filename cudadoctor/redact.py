@@ -44,7 +44,7 @@ def _current_identities() -> tuple[set[str], set[str]]:
             hosts.add(v)
             hosts.add(v.split(".")[0])
     users = {u for u in users if u.lower() not in _GENERIC_USERS and len(u) > _SHORT}
-    hosts = {h for h in hosts if len(h) > _SHORT}
+    hosts = {h for h in hosts if len(h) > 1 and not h.isdigit()}
     return users, hosts
 
 

@@ -1,0 +1,114 @@
+"""The torch child probe against fake torch packages that raise, segfault or hang on import."""
+
+import json
+import os
+import sys
+import time
+
+import pytest
+from conftest import FAKES, recorded
+
+from cudadoctor.probes.torch_probe import MARK, TORCH_TAG, interpret, run_child
+from cudadoctor.runner import Result, Runner
+
+
+def _probe(env_extra, timeout=20.0, python=sys.executable):
+    env = dict(os.environ, **env_extra)
+    res = run_child(Runner(), python, env, timeout)
+    return interpret(res, python, timeout)
+
+
+def test_torch_that_raises_on_import():
+    t0 = time.monotonic()
+    py, torch = _probe({"PYTHONPATH": str(FAKES / "torch_raises")})
+    assert time.monotonic() - t0 < 15
+    assert torch["import_error"] == "libcudnn.so.9: cannot open shared object file: No such file or directory (fake torch)"
+    assert torch["import_error_type"] == "ImportError"
+    assert torch["version"] is None
+    assert torch["path"] == str(FAKES / "torch_raises" / "torch")
+    assert py["version"] == "%d.%d.%d" % sys.version_info[:3]
+
+
+def test_torch_that_segfaults_on_import():
+    t0 = time.monotonic()
+    py, torch = _probe({"PYTHONPATH": str(FAKES / "torch_segfault")})
+    assert time.monotonic() - t0 < 15
+    assert "killed by signal 11" in torch["import_error"]
+    assert torch["import_error"].endswith("while importing torch")
+    assert py["executable"]  # what ran before the crash is kept
+
+
+def test_torch_that_hangs_on_import_is_bounded():
+    t0 = time.monotonic()
+    _, torch = _probe({"PYTHONPATH": str(FAKES / "torch_hang")}, timeout=3)
+    elapsed = time.monotonic() - t0
+    assert elapsed < 3 + 4, elapsed  # timeout plus kill and drain
+    assert torch["import_error"] == "timed out after 3s while importing torch"
+
+
+def test_torch_not_installed(tmp_path):
+    # an interpreter that sees no site-packages: the same Python started with -S
+    fake_python = tmp_path / "python"
+    fake_python.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
+    fake_python.chmod(0o755)
+    py, torch = _probe({"PYTHONPATH": ""}, python=str(fake_python))
+    assert torch["import_error"] == "No module named 'torch'"
+    assert torch["version"] is None
+    assert py["version"]
+
+
+def test_interpreter_missing():
+    py, torch = _probe({}, python="/nonexistent/python3")
+    assert torch["version"] is None
+    assert "not found" in torch["import_error"]
+    assert "error" in torch
+    assert py["executable"] == "/nonexistent/python3"
+
+
+def _line(stage, torch, **extra):
+    return MARK + json.dumps({"stage": stage, "python": {"version": "3.11.9", "executable": "/usr/bin/python3"},
+                              "torch": torch, **extra})
+
+
+GPU_TORCH = {"version": "2.5.1+cu121", "cuda": "12.1", "arch_list": ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"],
+             "cxx11_abi": False, "cudnn": "9.1.0", "cuda_available": True, "device_error": None, "import_error": None,
+             "probe_mode": "full", "devices": [{"index": 0, "name": "NVIDIA GeForce RTX 5090", "cc": "12.0"}]}
+
+
+def test_interpret_recorded_cpu_host():
+    text = recorded("torch-child-cpu-host-torch2.14.1-cu130.txt")
+    py, torch = interpret(Result(("python3", "-c", "...", "auto", TORCH_TAG), 0, text, ""), "python3", 20)
+    assert torch["version"] == "2.14.1+cu130"
+    assert torch["cuda"] == "13.0"
+    assert "sm_90" in torch["arch_list"]
+    assert torch["cxx11_abi"] is True
+    assert torch["import_error"] is None and torch["device_error"] is None
+    assert torch["probe_stage"] == "done"
+    assert py["version"] == "3.11.7"
+
+
+def test_interpret_crash_during_kernel_launch():
+    out = "\n".join([_line("import", dict(GPU_TORCH)), _line("launch", dict(GPU_TORCH))]) + "\n"
+    res = Result(("python3",), -11, out, "", error="python3: killed by signal 11")
+    _, torch = interpret(res, "python3", 20)
+    assert torch["import_error"] is None
+    assert torch["device_error"] == "killed by signal 11 (SIGSEGV) while launching a kernel"
+
+
+def test_interpret_device_error_text_kept_verbatim():
+    t = dict(GPU_TORCH, device_error="CUDA error: no kernel image is available for execution on the device\n"
+                                     "CUDA kernel errors might be asynchronously reported at some other API call")
+    _, torch = interpret(Result(("python3",), 0, _line("done", t) + "\n", ""), "python3", 20)
+    assert torch["device_error"].startswith("CUDA error: no kernel image is available")
+
+
+def test_interpret_garbage_output():
+    _, torch = interpret(Result(("python3",), 1, "Segmentation fault\n" + MARK + "{not json", "boom"), "python3", 20)
+    assert torch["version"] is None
+    assert "status 1" in torch["import_error"]
+
+
+@pytest.mark.parametrize("stdout", ["", "random text\n", MARK + "[]\n"])
+def test_interpret_never_raises(stdout):
+    _, torch = interpret(Result(("python3",), None, stdout, "", error="python3: timed out after 20s"), "python3", 20)
+    assert torch["import_error"].startswith("timed out after 20s")
