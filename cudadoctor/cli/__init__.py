@@ -29,6 +29,12 @@ app = typer.Typer(
 COMMAND_MODULES = ("check_cmd", "arch_cmd", "inspect_cmd", "build_cmd", "smoke_cmd")
 
 
+try:  # newer typer vendors click as typer._click; its usage errors are not click's
+    from typer._click.exceptions import ClickException as _VendoredClickException
+except ImportError:  # pragma: no cover - typer that uses click itself
+    _VendoredClickException = click.ClickException
+
+
 def _version_callback(value: bool) -> None:
     if value:
         typer.echo(f"cudadoctor {__version__}")
@@ -80,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         typer.echo("cudadoctor: interrupted", err=True)
         code = 130
-    except click.ClickException as exc:
+    except (click.ClickException, _VendoredClickException) as exc:
         exc.show()
         code = EXIT_USAGE if exc.exit_code in (None, 1, 2) else exc.exit_code
     else:
