@@ -29,6 +29,7 @@ EXPECTED = {
     "sm87.cubin": ("cubin", ["sm_87"], []),
     "sm120.cubin": ("cubin", ["sm_120"], []),
     "libkern_sm87.so": ("shared-object", ["sm_87"], []),
+    "sm100f_sm120_ptx100f_ptx90a.fatbin": ("fatbin", ["sm_100f", "sm_120"], ["compute_90a", "compute_100f"]),
 }
 
 
@@ -46,6 +47,12 @@ def test_compressed_fatbin_entries():
         assert 0 < e.compressed_size <= e.size < e.decompressed_size
     ptx = [e for e in info.entries if e.kind == "ptx"]
     assert [e.ptx_isa for e in ptx] == ["9.0"]  # nvcc 13.0 writes PTX ISA 9.0
+
+
+def test_uncompressed_ptx_isa_from_text_and_suffix_flags():
+    info = read_binary(FIX / "sm100f_sm120_ptx100f_ptx90a.fatbin")
+    assert {e.compression for e in info.entries} == {None}
+    assert {e.arch: e.ptx_isa for e in info.entries if e.kind == "ptx"} == {"compute_100f": "9.0", "compute_90a": "9.0"}
 
 
 def test_shared_object_links_cudart_13():
@@ -146,6 +153,10 @@ def _entry(name):
         ("sm87.cubin", "8.6", False, None),
         ("sm120.cubin", "12.1", True, "sass"),
         ("sm120.cubin", "10.0", False, None),
+        ("sm100f_sm120_ptx100f_ptx90a.fatbin", "10.3", True, "sass"),  # sm_100f on 10.3
+        ("sm100f_sm120_ptx100f_ptx90a.fatbin", "12.1", True, "sass"),  # sm_120 on 12.1
+        ("sm100f_sm120_ptx100f_ptx90a.fatbin", "9.0", True, "ptx"),    # compute_90a only on 9.0
+        ("sm100f_sm120_ptx100f_ptx90a.fatbin", "11.0", False, None),   # neither family nor 90a
     ],
 )
 def test_verdicts(name, cc, runs, via):
