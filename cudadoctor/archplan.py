@@ -275,6 +275,10 @@ def make_plan(spec: str | None, *, nvcc: Nvcc, gpus: list[dict], driver: str | N
             suggested = True
             notes.append(f"'native' but no GPU is present. Suggested: {torch_arch_list(items)}.")
     check_against_nvcc(items, nvcc)
+    ptx_only = [i for i in items if i.ptx and not i.sass]
+    if ptx_only:
+        notes.append("TORCH_CUDA_ARCH_LIST cannot say PTX-only: it gets " + ", ".join(f"{i.cc}+PTX" for i in ptx_only)
+                     + " (SASS too); the -gencode flags below are exact.")
     if nvcc.path is None:
         notes.append("No nvcc found: the list was not checked against a compiler.")
     plan = ArchPlan(items, nvcc, [], spec, suggested, notes)

@@ -155,3 +155,35 @@ def test_bash_eval_of_rendered_plan_round_trips():
     out = subprocess.run(["bash", "-c", 'eval "$1"; printf "%s|%s" "$TORCH_CUDA_ARCH_LIST" "$CPATH"', "_",
                           render(PLAN, "bash")], capture_output=True, text=True, check=True)
     assert out.stdout == "8.6;8.9+PTX|/a b/it's"
+
+
+def test_ptx_only_spec_is_noted():
+    plan = make_plan("compute_86", nvcc=nvcc(NV130, CODES130), gpus=[])
+    assert plan.gencode == ["-gencode=arch=compute_86,code=compute_86"]
+    assert any("PTX-only" in n for n in plan.notes)
+
+
+def _fake_gxx(tmp_path, name, version):
+    p = tmp_path / name
+    p.write_text(f"#!/bin/sh\necho {version}\n")
+    p.chmod(0o755)
+    return str(p)
+
+
+def test_cudahostcxx_when_default_gcc_too_new(tmp_path):
+    from cudadoctor.envcmd import gcc_max_for, host_compiler_fix
+    from cudadoctor.runner import Runner
+    from cudadoctor.versions import CudaVersion
+
+    limit = gcc_max_for(CudaVersion(12, 1))
+    assert limit == 12
+    gxx = _fake_gxx(tmp_path, "g++", "14.2.0")
+    old = _fake_gxx(tmp_path, "g++-12", "12.3.0")
+    env = {"PATH": str(tmp_path)}
+    value, why = host_compiler_fix(Runner(), env, CudaVersion(12, 1))
+    assert value == old and "g++ 14" in why
+    assert host_compiler_fix(Runner(), env, CudaVersion(13, 0)) == (None, None)  # 14 <= 15
+    os.remove(old)
+    value, why = host_compiler_fix(Runner(), env, CudaVersion(12, 1))
+    assert value is None and "g++-12" in why
+    assert host_compiler_fix(Runner(), dict(env, CUDAHOSTCXX=gxx), CudaVersion(12, 1)) == (None, None)
