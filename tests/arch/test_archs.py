@@ -169,3 +169,22 @@ def test_runs_on_prefers_sass():
     assert runs_on([], ["compute_80"], "9.0") == (True, "ptx")
     assert runs_on(["sm_86"], [], "8.0") == (False, None)
     assert Arch.parse("compute_90a") == Arch(9, 0, "a")
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+SPEC_ALPHABET = st.sampled_from(list("0123456789.,; +afxPTXsmcompute_AmpereAdaHopperBlackwellnativeall\t"))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(st.text(SPEC_ALPHABET, max_size=40), st.text(max_size=40)))
+def test_spec_parsers_never_crash(text):
+    items = parse_arch_list(text)
+    assert all(isinstance(i.arch, Arch) for i in items)
+    try:
+        strict = parse_spec(text)
+    except InputError as exc:
+        assert "Valid forms" in str(exc)
+    else:
+        assert torch_arch_list(strict) == torch_arch_list(parse_arch_list(text))
