@@ -137,9 +137,9 @@ class Wheel:
     def release(self) -> Version:
         return Version(self.torch)
 
-    def covers(self, cc: object) -> bool:
+    def covers(self, cc: object, *, sass_only: bool = False) -> bool:
         sass = [f"sm_{a.replace('.', '')}" for a in self.arch_list]
-        ptx = [f"compute_{self.ptx.replace('.', '')}"] if self.ptx else []
+        ptx = [f"compute_{self.ptx.replace('.', '')}"] if self.ptx and not sass_only else []
         return archs.runs_on(sass, ptx, cc)[0]
 
     def command(self, version: str | None = None) -> str:
@@ -183,8 +183,9 @@ def pick_wheel(
 ) -> tuple[Wheel, str] | None:
     """The torch wheel to recommend and the exact version to pin, or None.
 
-    Candidates must run on the driver (its CUDA at least the wheel's; minor-version compatibility
-    only as a fallback), cover every GPU in ``ccs``, and match ``cuda`` / ``cuda_major`` when given.
+    Candidates must run on the driver (its CUDA at least the wheel's, or the same major under
+    minor-version compatibility, where only SASS counts since the driver cannot JIT newer PTX),
+    cover every GPU in ``ccs``, and match ``cuda`` / ``cuda_major`` when given.
     Preference: the installed torch's minor series (pinning the installed release), then the
     smallest newer release, then the newest; within a release the newest CUDA that fits.
     """
@@ -197,12 +198,13 @@ def pick_wheel(
             continue
         if cuda_major is not None and w.cuda.major != cuda_major:
             continue
-        if ccs and not all(w.covers(c) for c in ccs):
+        native = driver is None or driver.cuda is None or driver.cuda >= w.cuda
+        if not native and not driver.supports(w.cuda):
+            continue
+        # under minor-version compatibility the driver cannot JIT the wheel's newer PTX: SASS only
+        if ccs and not all(w.covers(c, sass_only=not native) for c in ccs):
             continue
         cands.append(w)
-    if driver is not None and driver.cuda is not None:
-        strict = [w for w in cands if driver.cuda >= w.cuda]
-        cands = strict or [w for w in cands if driver.supports(w.cuda)]
     if not cands:
         return None
 

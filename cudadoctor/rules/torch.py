@@ -5,7 +5,7 @@ from __future__ import annotations
 from cudadoctor import archs
 from cudadoctor.findings import Finding
 from cudadoctor.rules import Facts, rule
-from cudadoctor.rules._kb import driver_view, gpu_ccs, gpus_present, torch_cuda, wheel_fix
+from cudadoctor.rules._kb import driver_view, error_texts, gpu_ccs, gpus_present, torch_cuda, wheel_fix
 
 _NO_KERNEL_TEXT = ("no kernel image is available", "is not compatible with the current pytorch installation")
 
@@ -15,10 +15,15 @@ def _torch_version(f: Facts) -> str | None:
     return v if isinstance(v, str) and v else None
 
 
+def _says_cpu(f: Facts) -> bool:
+    return "torch not compiled with cuda enabled" in error_texts(f)
+
+
 def is_cpu_build(f: Facts) -> bool:
     v = _torch_version(f)
     if v is None:
-        return False
+        # torch's own assertion is proof enough when the version was not captured
+        return _says_cpu(f) and torch_cuda(f) is None
     if "+cpu" in v.lower():
         return True
     if torch_cuda(f) is not None:
@@ -43,9 +48,10 @@ def torch_cpu_only(f: Facts):
     return Finding(
         id="TORCH_CPU_ONLY",
         severity="error",
-        title=f"torch {_torch_version(f)} is a CPU-only build",
-        detail=f"torch.version is {_torch_version(f)!r} and torch.cuda is {f.get('torch.cuda')!r}, "
-        f"while an NVIDIA GPU is present ({gpu_txt}); torch.cuda.is_available() is False for every CPU build.",
+        title=f"torch {_torch_version(f) or ''} is a CPU-only build".replace("  ", " "),
+        detail=(f"torch.version is {_torch_version(f)!r} and torch.cuda is {f.get('torch.cuda')!r}"
+                if _torch_version(f) else "torch says 'Torch not compiled with CUDA enabled'")
+        + f", while an NVIDIA GPU is present ({gpu_txt}); torch.cuda.is_available() is False for every CPU build.",
         fix=fix,
         facts=["torch.version", "torch.cuda", "gpus"],
         area="torch",

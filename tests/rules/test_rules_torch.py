@@ -45,8 +45,29 @@ def test_old_gpu_dropped_from_new_wheel():
               torch={"version": "2.7.1+cu128", "cuda": "12.8",
                      "arch_list": ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120", "compute_120"]})
     fd = finding(f, "TORCH_NO_KERNEL_IMAGE")
-    # same torch release, a variant the 12.4 driver runs and whose arch list has 6.0 (sm_60 runs on 6.1)
-    assert fd["fix"] == ["pip install torch==2.7.1 --index-url https://download.pytorch.org/whl/cu118"]
+    # same torch release; cu126 runs on the 12.4 driver by minor-version compatibility and has SASS
+    # sm_60, which runs on 6.1 (no PTX JIT needed)
+    assert fd["fix"] == ["pip install torch==2.7.1 --index-url https://download.pytorch.org/whl/cu126"]
+
+
+def test_minor_compat_wheels():
+    from cudadoctor.rules._kb import DriverView, Wheel, pick_wheel
+    from cudadoctor.versions import CudaVersion
+
+    d = DriverView("560.35.03", CudaVersion(12, 6), "linux")
+    # RTX 5090 on a 12.6 driver: cu128 runs by minor-version compatibility and has SASS sm_120
+    got = pick_wheel(driver=d, ccs=["12.0"], current_torch="2.7.1")
+    assert got is not None and got[0].tag == "cu128" and got[1] == "2.7.1"
+    # PTX does not count under minor-version compatibility: the driver cannot JIT newer PTX
+    w = Wheel("9.9.0", CudaVersion(12, 8), "cu128", False, ("9.0",), "9.0", True, "u")
+    assert w.covers("10.0") and not w.covers("10.0", sass_only=True)
+
+
+def test_no_wheel_for_driver_below_every_floor():
+    from cudadoctor.rules._kb import DriverView, pick_wheel
+    from cudadoctor.versions import CudaVersion
+
+    assert pick_wheel(driver=DriverView("390.48", CudaVersion(9, 1), "linux"), ccs=["6.1"]) is None
 
 
 def test_ptx_covers_newer_gpu():
