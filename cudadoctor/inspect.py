@@ -188,18 +188,32 @@ def _walk(folder: str) -> Iterable[str]:
 
 
 def _folder_manifest(path: str) -> dict | None:
-    """A manifest next to an installed package: <site-packages>/<dist>.dist-info/cudadoctor_build.json."""
+    """The manifest of the installed distribution that owns ``path``: a
+    <site>/<dist>.dist-info/cudadoctor_build.json whose RECORD lists the file."""
     here = os.path.dirname(os.path.abspath(path))
-    for base in (here, os.path.dirname(here)):
+    site = here
+    for _ in range(4):  # the file may sit a few packages deep below site-packages
         try:
-            names = os.listdir(base)
+            names = os.listdir(site)
         except OSError:
-            continue
+            names = []
         for n in names:
-            cand = os.path.join(base, n, MANIFEST_NAME)
-            if n.endswith(".dist-info") and os.path.isfile(cand):
+            cand = os.path.join(site, n, MANIFEST_NAME)
+            if not (n.endswith(".dist-info") and os.path.isfile(cand)):
+                continue
+            rel = os.path.relpath(os.path.abspath(path), site).replace(os.sep, "/")
+            try:
+                with open(os.path.join(site, n, "RECORD"), encoding="utf-8", errors="replace") as fh:
+                    owned = any(line.split(",", 1)[0] == rel for line in fh)
+            except OSError:
+                owned = False
+            if owned:
                 with open(cand, "rb") as fh:
                     return _read_manifest_bytes(fh.read(), cand)
+        parent = os.path.dirname(site)
+        if parent == site:
+            break
+        site = parent
     return None
 
 
@@ -227,7 +241,7 @@ def inspect_path(path: str | os.PathLike) -> list[dict]:
         out: list[dict] = []
         for f in _walk(p):
             try:
-                out.extend(inspect_file(f))
+                out.extend(inspect_file(f, manifest=_folder_manifest(f) if _is_shared_object(f) else None))
             except BinaryFormatError as exc:
                 out.append({"path": f, "error": str(exc)})
         return out

@@ -203,3 +203,20 @@ def test_installed_extension_entries_finds_package_without_import(tmp_path, monk
     assert entries[0]["sass"] == ["sm_86", "sm_89"]
     assert entries[0]["built_with"]["torch"] == "2.14.1"
     assert installed_extension_entries("no_such_package_here") == []
+
+
+def test_installed_file_gets_the_manifest_of_its_own_distribution(tmp_path):
+    site = tmp_path / "site-packages"
+    (site / "cdops").mkdir(parents=True)
+    so = site / "cdops" / "_C.so"
+    so.write_bytes((FIX / "libkern_sm87.so").read_bytes())
+    (site / "other.so").write_bytes((FIX / "libkern_sm87.so").read_bytes())
+    for dist, owned, torch in (("cdops-0.1.dist-info", "cdops/_C.so", "2.14.1"), ("zzz-1.dist-info", "zzz/x.py", "1.0")):
+        (site / dist).mkdir()
+        (site / dist / "RECORD").write_text(f"{owned},sha256=abc,1\n")
+        (site / dist / MANIFEST_NAME).write_text(json.dumps({"torch": torch}))
+    (e,) = inspect_path(so)
+    assert e["manifest"] == {"torch": "2.14.1"}
+    by = {os.path.basename(x["path"]): x for x in inspect_path(site)}
+    assert by["_C.so"]["built_with"]["torch"] == "2.14.1"
+    assert "manifest" not in by["other.so"]
