@@ -221,6 +221,14 @@ def full(t, pkg, spec):
                 d["launch_error"] = exc_text(exc)
             if d.get("launch_error") and t.get("device_error") is None:
                 t["device_error"] = d["launch_error"]
+        if not devices and gpu_nodes_present():
+            # a GPU device node exists but torch sees no device: the launch error says why
+            # ("Found no NVIDIA driver", "driver version is insufficient", "no CUDA GPUs are available")
+            try:
+                torch.ones(1, device="cuda") + 1
+                torch.cuda.synchronize()
+            except Exception as exc:  # noqa: BLE001
+                t["device_error"] = exc_text(exc)
         stage("after-launch")
     t["warnings"] = [str(w.message) for w in caught][:20]
 
@@ -269,9 +277,14 @@ def main():
         blocked = "numpy" not in sys.modules
         if blocked:
             sys.modules["numpy"] = None  # torch._C imports numpy if it can; the core facts never need it
+        import warnings
+
         try:
-            pkg = core(t, torch_dir, spec)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                pkg = core(t, torch_dir, spec)
             t["probe_mode"] = "core"
+            t["warnings"] = [str(w.message) for w in caught][:20]
         except BaseException as exc:  # noqa: BLE001 - includes SystemExit from odd packages
             t["core_error"] = exc_text(exc)
             pkg = None
