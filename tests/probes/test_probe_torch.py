@@ -112,3 +112,26 @@ def test_interpret_garbage_output():
 def test_interpret_never_raises(stdout):
     _, torch = interpret(Result(("python3",), None, stdout, "", error="python3: timed out after 20s"), "python3", 20)
     assert torch["import_error"].startswith("timed out after 20s")
+
+
+def test_full_probe_records_launch_error_verbatim():
+    """Core load finds a device, so the child imports torch for real and launches a kernel."""
+    _, torch = _probe({"PYTHONPATH": str(FAKES / "torch_no_kernel_image")})
+    assert torch["probe_mode"] == "full"
+    assert torch["version"] == "2.3.1+cu121" and torch["cuda"] == "12.1"
+    assert torch["arch_list"][-1] == "sm_90"
+    assert torch["cxx11_abi"] is False
+    assert torch["cudnn"] == "9.1.0"
+    assert torch["cuda_available"] is True
+    assert torch["devices"][0]["name"] == "NVIDIA GeForce RTX 5090" and torch["devices"][0]["cc"] == "12.0"
+    assert torch["device_error"].startswith("CUDA error: no kernel image is available for execution on the device\n")
+    assert torch["import_error"] is None
+
+
+def test_full_probe_segfault_during_launch():
+    t0 = time.monotonic()
+    _, torch = _probe({"PYTHONPATH": str(FAKES / "torch_no_kernel_image"), "FAKE_TORCH_LAUNCH": "segfault"})
+    assert time.monotonic() - t0 < 15
+    assert torch["import_error"] is None
+    assert torch["version"] == "2.3.1+cu121"
+    assert torch["device_error"] == "killed by signal 11 (SIGSEGV) while launching a kernel"
