@@ -10,7 +10,7 @@ import textwrap
 from typing import Any
 
 MARKS = {"ok": "✓", "info": "•", "warning": "!", "error": "✗"}
-ASCII_MARKS = {"ok": "[ok]", "info": "[-]", "warning": "[!]", "error": "[x]"}
+ASCII_MARKS = {"ok": "+", "info": "-", "warning": "!", "error": "x"}
 
 # (area key, label) in display order; findings of an unknown area go under "General".
 AREAS = (
@@ -60,6 +60,8 @@ def _summary(area: str, facts: dict, report: dict, verbose: bool) -> tuple[str, 
         return line or "not probed", [e for e in extra if e]
     if area == "driver":
         d = _sec(facts, "driver")
+        if not d:
+            return "not probed", extra
         line = _join(d.get("version") and f"driver {d.get('version')}", d.get("cuda") and f"CUDA {d.get('cuda')}")
         if d.get("error") and not line:
             line = f"error: {str(d.get('error')).strip().splitlines()[0][:100]}"
@@ -177,13 +179,14 @@ def human(report: dict, *, verbose: bool = False, ascii_only: bool = False) -> s
     for key, label in areas:
         fs = by_area.get(key, [])
         line, extra = _summary(key, facts, report, verbose)
-        mark = marks[_severity_key(fs)]
+        sev = _severity_key(fs)
+        mark = marks["info" if sev == "ok" and line in ("not probed", "not found", "none found") else sev]
         lines.append(f"[{mark}] {label}" + (f": {line}" if line else ""))
         for e in extra:
-            lines.extend(_wrap(e, "    • "))
+            lines.extend(_wrap(f"{marks['info']} {e}", "    "))
         for f in fs:
-            m = marks.get(f.get("severity"), "•")
-            lines.extend(_wrap(f"{m} {f.get('title')}  [{f.get('id')}, #{rank[id(f)]}]", "    "))
+            m = marks.get(f.get("severity"), marks["info"])
+            lines.append(f"    {m} {f.get('title')}  [{f.get('id')}, #{rank[id(f)]}]")
             if f.get("detail"):
                 lines.extend(_wrap(str(f["detail"]), "      "))
             for n, fix in enumerate(f.get("fix") or []):
@@ -205,7 +208,7 @@ def human(report: dict, *, verbose: bool = False, ascii_only: bool = False) -> s
         lines.append(f"! Doctor found {len(errors)} error(s) and {len(warnings)} warning(s) "
                      f"in {len(areas_hit)} area(s).")
     else:
-        lines.append("• No issues found!")
+        lines.append(f"{marks['info']} No issues found!")
     return "\n".join(lines) + "\n"
 
 

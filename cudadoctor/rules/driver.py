@@ -137,6 +137,8 @@ def no_driver(f: Facts):
         paths.append("driver.libcuda")
         fix.append("rebuild the module for the running kernel: sudo apt-get install -y linux-headers-$(uname -r) "
                    "&& sudo dkms autoinstall && sudo modprobe nvidia")
+    if f.get("host.os") == "windows":
+        fix.append("install the NVIDIA driver for this GPU from https://www.nvidia.com/Download/index.aspx and reboot")
     fix += [
         f"Ubuntu/Debian: sudo apt-get install -y {pkg} && sudo reboot   (or: sudo ubuntu-drivers install)",
         "if the driver is installed but not loaded: sudo modprobe nvidia   (check dmesg; with Secure Boot the module must be signed/enrolled)",
@@ -196,6 +198,10 @@ def driver_too_old(f: Facts):
         if where:
             fix.append(f"upgrade the NVIDIA driver to one supporting CUDA {need} ({', '.join(where)})"
                        + ("; in a container or Kubernetes pod this is the host/node driver" if f.get("host.container") else ""))
+        branch = parse(lin)
+        if branch is not None and d.os != "windows" and not f.get("host.container"):
+            fix.append(f"Ubuntu/Debian: sudo apt-get install -y nvidia-driver-{branch.release[0]} && sudo reboot"
+                       "   (or any newer branch)")
     wf = wheel_fix(driver=d, ccs=[c for _, _, c in gpu_ccs(f)], current_torch=f.get("torch.version"))
     if wf:
         fix.append("or install a torch build this driver supports: " + wf[0])

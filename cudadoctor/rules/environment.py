@@ -50,7 +50,11 @@ def cuda_visible_devices_hides(f: Facts):
         title=f"CUDA_VISIBLE_DEVICES={value!r} hides every GPU from CUDA",
         detail=f"env.CUDA_VISIBLE_DEVICES is {value!r}: {why}. CUDA reads the list up to the first invalid "
         "entry, so no device is visible and torch.cuda.is_available() is False (nvidia-smi still shows the GPUs).",
-        fix=["unset CUDA_VISIBLE_DEVICES", f"or select existing GPUs: export CUDA_VISIBLE_DEVICES={good}"],
+        fix=(["PowerShell: Remove-Item Env:CUDA_VISIBLE_DEVICES   (cmd: set CUDA_VISIBLE_DEVICES=)",
+              f"or select existing GPUs: $env:CUDA_VISIBLE_DEVICES=\"{good}\""]
+             if f.get("host.os") == "windows" else
+             ["unset CUDA_VISIBLE_DEVICES", f"or select existing GPUs: export CUDA_VISIBLE_DEVICES={good}"])
+        + ["and remove it where it is set (shell profile, launch script, job file)"],
         facts=["env.CUDA_VISIBLE_DEVICES", "gpus"],
         area="gpus",
     )
