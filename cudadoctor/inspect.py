@@ -118,6 +118,7 @@ def entry_from_info(info: BinaryInfo, *, path: str | None = None, manifest: dict
         "sass": info.sass,
         "ptx": info.ptx,
         "ptx_isa": ptx_isa,
+        "lto": info.lto,
         "compression": sorted(compression),
         "entries": sorted(groups.values(), key=lambda g: (g["kind"], arch_sort_key(g["arch"]))),
         "needed": info.needed,

@@ -24,6 +24,7 @@ FATBIN_MAGIC = 0xBA55ED50
 FATBIN_MAGIC_BYTES = struct.pack("<I", FATBIN_MAGIC)
 KIND_PTX = 1
 KIND_ELF = 2
+KIND_LTO = 8  # NVVM IR for link-time optimisation (-gencode code=lto_XY); needs a device link
 FLAG_DEBUG = 0x2
 FLAG_LZ4 = 0x2000
 FLAG_ZSTD = 0x8000
@@ -38,7 +39,7 @@ _PTX_VERSION = re.compile(rb"\.version\s+(\d+)\.(\d+)")
 
 @dataclass(frozen=True)
 class FatbinEntry:
-    kind: str  # "sass", "ptx" or "kind<N>"
+    kind: str  # "sass", "ptx", "lto" or "kind<N>"
     arch: str  # "sm_86" / "compute_89" / "sm_90a"; "" for other kinds
     size: int  # payload bytes in the container
     compressed_size: int
@@ -97,7 +98,7 @@ def _entries(buf, pos: int, end: int, name: str):
             raise BinaryFormatError(
                 f"{name}: fat binary entry at offset {pos} (header {hsize} bytes, payload {size}) does not fit its container."
             )
-        if kind in (KIND_PTX, KIND_ELF) and not 10 <= arch <= 1000:
+        if kind in (KIND_PTX, KIND_ELF, KIND_LTO) and not 10 <= arch <= 1000:
             raise BinaryFormatError(f"{name}: fat binary entry at offset {pos} names an impossible arch {arch}.")
         compression = "zstd" if flags & FLAG_ZSTD else ("lz4" if flags & FLAG_LZ4 else None)
         ptx_isa = None
@@ -111,6 +112,8 @@ def _entries(buf, pos: int, end: int, name: str):
         if kind in (KIND_PTX, KIND_ELF):
             k = "ptx" if kind == KIND_PTX else "sass"
             an = _arch_name(kind, arch, flags)
+        elif kind == KIND_LTO:
+            k, an = "lto", "lto_" + _arch_name(kind, arch, flags).split("_", 1)[1]
         else:
             k, an = f"kind{kind}", ""
         yield FatbinEntry(k, an, size, csize if compression else 0, dsize if compression else 0, compression, ptx_isa,

@@ -36,6 +36,10 @@ class BinaryInfo:
         return _sorted_unique(e.arch for e in self.entries if e.kind == "ptx")
 
     @property
+    def lto(self) -> list[str]:
+        return _sorted_unique(e.arch for e in self.entries if e.kind == "lto")
+
+    @property
     def cuda_major(self) -> str | None:
         for lib in self.needed:
             m = _CUDART.match(lib)
@@ -45,7 +49,7 @@ class BinaryInfo:
 
 
 def arch_sort_key(name: str) -> tuple:
-    m = re.match(r"(?:sm|compute)_(\d+)([af]?)$", name)
+    m = re.match(r"(?:sm|compute|lto)_(\d+)([af]?)$", name)
     return (int(m.group(1)), m.group(2)) if m else (10**6, name)
 
 

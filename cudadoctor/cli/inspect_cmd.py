@@ -97,8 +97,10 @@ def _print_human(files: list[dict], vs: list[dict], ccs: list[str], names: dict[
             typer.echo(f"✗ {f['path']}: {f['error']}")
             continue
         typer.echo(f"{f['path']}  ({f.get('format', '?')}, {_size(f.get('size'))})")
-        if not f.get("sass") and not f.get("ptx"):
+        if not f.get("sass") and not f.get("ptx") and not f.get("lto"):
             typer.echo("  no CUDA device code")
+        if f.get("lto"):
+            typer.echo("  LTO-IR: " + ", ".join(f["lto"]) + " (input to a device link with nvcc -dlto; not loadable as is)")
         if f.get("sass"):
             typer.echo("  SASS: " + ", ".join(f["sass"]))
         if f.get("ptx"):

@@ -30,7 +30,16 @@ EXPECTED = {
     "sm120.cubin": ("cubin", ["sm_120"], []),
     "libkern_sm87.so": ("shared-object", ["sm_87"], []),
     "sm100f_sm120_ptx100f_ptx90a.fatbin": ("fatbin", ["sm_100f", "sm_120"], ["compute_90a", "compute_100f"]),
+    "lto86_rdc.o": ("object", [], []),
 }
+
+
+def test_lto_ir_entries():
+    info = read_binary(FIX / "lto86_rdc.o")
+    assert info.lto == ["lto_86"] and [e.kind for e in info.entries] == ["lto"]
+    (e,) = inspect_path(FIX / "lto86_rdc.o")
+    assert e["lto"] == ["lto_86"]
+    assert verdicts([e], ["8.6"]) == []  # nothing loadable to judge
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
