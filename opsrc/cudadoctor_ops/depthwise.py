@@ -28,6 +28,8 @@ __all__ = ["depthwise_conv2d", "DepthwiseConv2d"]
 _IMPLS = {"auto": 0, "direct": 1}
 _ENV_IMPL = "CUDADOCTOR_OPS_DEPTHWISE_IMPL"
 
+_IMPORT_IMPL = os.environ.get(_ENV_IMPL, "auto") or "auto"
+
 _ops = torch.ops.cudadoctor_ops
 
 
@@ -45,6 +47,9 @@ def _pair(value: int | Sequence[int], name: str) -> list[int]:
 
 
 def _impl_code(impl: str | None) -> int:
+    if impl is None and torch.compiler.is_compiling():
+        # Traced code reads no environment; compiled graphs use the value seen at import.
+        impl = _IMPORT_IMPL
     name = impl if impl is not None else os.environ.get(_ENV_IMPL, "auto") or "auto"
     if name not in _IMPLS:
         raise ValueError(
