@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from cudadoctor.archplan import ArchPlan, Nvcc, make_plan, present_gpus, probe_nvcc
-from cudadoctor.errors import InputError
+from cudadoctor.errors import CudadoctorError, InputError
 from cudadoctor.runner import Runner
 from cudadoctor.versions import CudaVersion
 
@@ -185,10 +185,27 @@ def make_env_plan(
     driver = None
     if gpus is None:
         gpus, driver, _err = present_gpus(runner)
-    arch: ArchPlan = make_plan(spec, nvcc=nvcc, gpus=gpus, driver=driver)
-    if arch.items:
+    current = env.get("TORCH_CUDA_ARCH_LIST")
+    arch: ArchPlan | None = None
+    replaced = ""
+    if spec is None and current and current.strip():
+        try:
+            arch = make_plan(current, nvcc=nvcc, gpus=gpus, driver=driver)
+        except CudadoctorError as exc:
+            replaced = f"replaces {current!r}: {exc.message}"
+        else:
+            if gpus and not any(g.get("runs") for g in arch.gpus):
+                replaced = f"replaces {current!r}: it covers none of the GPUs present"
+                arch = None
+    if arch is None:
+        arch = make_plan(spec, nvcc=nvcc, gpus=gpus, driver=driver)
         why = "suggested: no GPU found and no spec given" if arch.suggested else (
             f"from spec {spec!r}" if spec else "the GPUs present, PTX for the newest")
+        if replaced:
+            why = f"{why}; {replaced}"
+    else:
+        why = "kept: already set, and this nvcc can target it"
+    if arch.items:
         plan.vars.append(EnvVar("TORCH_CUDA_ARCH_LIST", arch.torch_cuda_arch_list, why))
     plan.notes.extend(arch.notes)
 

@@ -187,3 +187,29 @@ def test_cudahostcxx_when_default_gcc_too_new(tmp_path):
     value, why = host_compiler_fix(Runner(), env, CudaVersion(12, 1))
     assert value is None and "g++-12" in why
     assert host_compiler_fix(Runner(), dict(env, CUDAHOSTCXX=gxx), CudaVersion(12, 1)) == (None, None)
+
+
+def _tcal(plan):
+    return {v.name: v for v in plan.vars}.get("TORCH_CUDA_ARCH_LIST")
+
+
+@pytest.mark.parametrize(
+    "current,gpus,want,why",
+    [
+        ("9.0a", ["9.0"], "9.0a", "kept"),
+        ("7.0;8.0", ["8.9"], "8.9+PTX", "cannot target sm_70"),
+        ("8.0", ["9.0"], "9.0+PTX", "covers none"),
+        ("bogus", ["8.6"], "8.6+PTX", "cannot read"),
+        (None, ["8.6", "8.9"], "8.6;8.9+PTX", "GPUs present"),
+    ],
+)
+def test_env_keeps_or_replaces_existing_arch_list(current, gpus, want, why):
+    from cudadoctor.envcmd import make_env_plan
+
+    env = {"PATH": "/nonexistent", "MAX_JOBS": "1"}
+    if current:
+        env["TORCH_CUDA_ARCH_LIST"] = current
+    plan = make_env_plan(runner=nvcc_runner(NV130, CODES130), env=env, nvcc_path="/fake/nvcc",
+                         gpus=[{"index": i, "name": "g", "cc": cc} for i, cc in enumerate(gpus)], sites=[])
+    v = _tcal(plan)
+    assert v.value == want and why in v.why
