@@ -18,11 +18,22 @@ def _nvcc(f: Facts) -> str | None:
     return str(v) if v else None
 
 
+def _can_target(f: Facts, arch: archs.Arch, nvcc: str | None) -> bool:
+    """Can the build toolkit's nvcc target ``arch``? Its own `--list-gpu-arch` answer (toolkits[0].targets)
+    when the probe recorded one, else the nvcc target table."""
+    tk = build_toolkit(f)
+    targets = tk.get("targets") if tk else None
+    if isinstance(targets, list) and targets and not arch.suffix:
+        listed = {str(t).strip().lower() for t in targets}
+        return arch.compute in listed or arch.sm in listed
+    return nvcc is None or archs.nvcc_can_target(arch, nvcc)
+
+
 def recommended_arch_list(f: Facts) -> str | None:
     """TORCH_CUDA_ARCH_LIST for the GPUs present ("8.6;8.9"), limited to what the nvcc can target."""
     nvcc = _nvcc(f)
     ccs = sorted({c for _, _, c in gpu_ccs(f)}, key=lambda c: archs.Arch.parse(c))
-    keep = [c for c in ccs if nvcc is None or archs.nvcc_can_target(c, nvcc)]
+    keep = [c for c in ccs if _can_target(f, archs.Arch.parse(c), nvcc)]
     return ";".join(keep) or None
 
 
@@ -50,8 +61,9 @@ def arch_list_unsupported(f: Facts):
             bad.append((tok, "is not a CUDA architecture"))
             continue
         for it in items:
-            if nvcc is not None and not archs.nvcc_can_target(it.arch, nvcc):
-                bad.append((tok, f"cannot be targeted by nvcc {nvcc} ({archs.describe_nvcc_range(it.arch)})"))
+            if not _can_target(f, it.arch, nvcc):
+                bad.append((tok, f"cannot be targeted by nvcc {nvcc or ''} ({archs.describe_nvcc_range(it.arch)})"
+                            .replace("nvcc  (", "nvcc (")))
             else:
                 good.append(it)
     if not bad:

@@ -89,3 +89,12 @@ def test_ninja_missing():
 @pytest.mark.parametrize("tools", [None, {}, {"ninja": "1.11.1"}])
 def test_ninja_not_claimed(tools):
     assert "NINJA_MISSING" not in ids(facts(tools=tools))
+
+
+def test_arch_list_uses_the_nvcc_own_target_list():
+    tk = [{"root": "/opt/cuda", "nvcc": "12.8.61", "via": ["PATH"],
+           "targets": ["compute_75", "compute_80", "compute_86", "compute_89", "compute_90"]}]
+    f = facts(toolkits=tk, env={"TORCH_CUDA_ARCH_LIST": "7.0;8.9"}, torch={"version": "2.7.1+cu128", "cuda": "12.8"},
+              driver={"cuda": "12.8", "version": "570.124.06", "kernel_module": "570.124.06"})
+    fd = finding(f, "ARCH_LIST_UNSUPPORTED")  # the table says 12.8 can do 7.0; this nvcc says it cannot
+    assert fd["fix"] == ['export TORCH_CUDA_ARCH_LIST="8.9"']
