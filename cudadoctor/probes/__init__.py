@@ -101,7 +101,7 @@ def collect_facts(
         "env": {k: env.get(k) for k in ENV_NAMES},
         "tools": None, "extensions": [], "error_text": None,
     }
-    pool = ThreadPoolExecutor(max_workers=6, thread_name_prefix="cudadoctor-probe")
+    pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="cudadoctor-probe")
     try:
         torch_fut = None
         if torch_mode != "skip":

@@ -206,8 +206,12 @@ def probe_driver(
     libcuda, libcuda_details, ldconfig_error = find_libcuda(runner, root, env, arch)
     version = nvml.get("driver") or (smi or {}).get("driver")
     cuda = nvml.get("cuda") or (smi or {}).get("cuda")
+    nodes = device_nodes(root)
+    driver_signs = bool(nodes or kmod or libcuda or root.exists("/dev/dxg") or (smi and smi.get("path")))
     error = None
-    if not version:
+    if not version and driver_signs:
+        # with no trace of a driver at all (a CPU machine) there is nothing to report as an error;
+        # nvml_error/smi_error still say what was tried
         if nvml.get("error"):
             error = f"NVML: {nvml['error']}"
         elif smi and smi.get("error"):
@@ -219,7 +223,7 @@ def probe_driver(
         "cuda": cuda,
         "libcuda": libcuda,
         "libcuda_details": libcuda_details,
-        "device_nodes": device_nodes(root),
+        "device_nodes": nodes,
         "error": error,
         "nvml_error": nvml.get("error"),
         "smi_error": smi.get("error") if smi else None,

@@ -203,3 +203,20 @@ def test_hanging_nvidia_smi_on_path_is_bounded():
     assert d["smi_error"] == "nvidia-smi: timed out after 2s"
     assert d["error"] == "NVML: Driver/library version mismatch"
     assert facts["gpus"] == []
+
+
+def test_cpu_machine_has_no_driver_error(tree):
+    """No device node, module, libcuda or nvidia-smi: nothing is wrong with a driver that is absent."""
+    runner = ScriptedRunner([(NVML_TAG, NVML_FAIL % "NVML Shared Library Not Found")])
+    driver, gpus = probe_driver(runner, Root(str(tree({}))), {"PATH": "/usr/bin"}, arch="x86_64")
+    assert driver["error"] is None
+    assert driver["nvml_error"] == "NVML Shared Library Not Found"
+    assert driver["smi_error"] == "nvidia-smi not found"
+    assert driver["version"] is None and gpus == []
+
+
+def test_device_nodes_without_driver_is_an_error(tree):
+    root = tree({"/dev/nvidia0": "", "/dev/nvidiactl": ""})
+    runner = ScriptedRunner([(NVML_TAG, NVML_FAIL % "NVML Shared Library Not Found")])
+    driver, _ = probe_driver(runner, Root(str(root)), {"PATH": "/usr/bin"}, arch="x86_64")
+    assert driver["error"] == "NVML: NVML Shared Library Not Found"
