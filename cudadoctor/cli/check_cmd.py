@@ -72,11 +72,41 @@ def _collect(redacted: bool) -> dict[str, Any]:
     except ImportError as exc:
         raise CudadoctorError(f"the probes could not be loaded ({exc}).",
                               hint="Run `cudadoctor check --from FILE` on a saved snapshot instead.") from None
-    facts = collect_facts()
+    try:
+        facts = collect_facts()
+    except CudadoctorError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a probe bug must end in a paragraph, not a traceback
+        raise CudadoctorError(f"probing this machine failed ({type(exc).__name__}: {exc}).",
+                              hint="Set CUDADOCTOR_DEBUG=1 for the traceback, or run `cudadoctor check --from FILE`.") from None
     if redacted:
         from cudadoctor.redact import redact
 
         facts = redact(facts)
+    return facts
+
+
+def add_extensions(facts: dict[str, Any], ext: Optional[list] = None, ext_packages: Optional[list] = None,
+                   *, live: bool = False) -> dict[str, Any]:
+    """Put inspected extensions into ``facts["extensions"]``: each --ext PATH (file, wheel, folder), each
+    --ext-package NAME (an installed package, import-checked in a child process) and, on a live check,
+    an installed cudadoctor_ops."""
+    from cudadoctor.inspect import inspect_path, installed_extension_entries
+
+    found: list = []
+    for path in ext or []:
+        found.extend(inspect_path(path))
+    for name in ext_packages or []:
+        got = installed_extension_entries(name, load_check=True)
+        if not got:
+            raise InputError(f"--ext-package {name!r}: no installed package of that name with shared objects.",
+                             hint="Give the import name (e.g. cudadoctor_ops), or inspect files with --ext PATH.")
+        found.extend(got)
+    if live and not ext_packages:
+        found.extend(installed_extension_entries("cudadoctor_ops", load_check=True))
+    if found:
+        have = facts.get("extensions") if isinstance(facts.get("extensions"), list) else []
+        facts["extensions"] = have + found
     return facts
 
 
@@ -91,6 +121,8 @@ def run_check(
     verbose: bool = False,
     list_rules: bool = False,
     ascii_only: bool = False,
+    ext: Optional[list] = None,
+    ext_packages: Optional[list] = None,
 ) -> int:
     """The whole of `check`: print the rendered report and return the exit code."""
     from cudadoctor import render
@@ -109,6 +141,7 @@ def run_check(
         raise InputError("only one of --from and --error/--error-file can read stdin.")
     text = read_error_text(error, error_file)
     facts = load_facts_file(from_file) if from_file is not None else _collect(redacted=False)
+    facts = add_extensions(facts, ext, ext_packages, live=from_file is None)
     from cudadoctor.doctor import diagnose
 
     report = diagnose(facts, error_text=text)
@@ -139,6 +172,10 @@ def check(
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Show more facts per area."),
     list_rules: bool = typer.Option(False, "--list", help="List every rule: id, severity, one line."),
     ascii_only: bool = typer.Option(False, "--ascii", help="ASCII marks instead of ✓ • ! ✗."),
+    ext: Optional[list[str]] = typer.Option(None, "--ext", metavar="PATH",
+                                            help="Inspect a compiled extension (.so, .whl or folder; repeatable)."),
+    ext_packages: Optional[list[str]] = typer.Option(None, "--ext-package", metavar="NAME",
+                                                     help="Inspect an installed extension package (repeatable)."),
 ) -> None:
     """Diagnose this machine (or a saved snapshot): driver, GPUs, torch, toolkit, compiler, arch list.
 
@@ -146,7 +183,7 @@ def check(
     """
     raise typer.Exit(run_check(from_file=from_file, error=error, error_file=error_file, json_out=json_out,
                                fmt=fmt, strict=strict, verbose=verbose, list_rules=list_rules,
-                               ascii_only=ascii_only))
+                               ascii_only=ascii_only, ext=ext, ext_packages=ext_packages))
 
 
 def fast_check(argv: list[str]) -> Optional[int]:
@@ -169,6 +206,8 @@ def fast_check(argv: list[str]) -> Optional[int]:
     ap.add_argument("-v", "--verbose", action="store_true")
     ap.add_argument("--list", dest="list_rules", action="store_true")
     ap.add_argument("--ascii", dest="ascii_only", action="store_true")
+    ap.add_argument("--ext", action="append")
+    ap.add_argument("--ext-package", dest="ext_packages", action="append")
     try:
         ns, extra = ap.parse_known_args(rest)
     except (argparse.ArgumentError, SystemExit):

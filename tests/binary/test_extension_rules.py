@@ -85,3 +85,21 @@ def test_evaluate_reports_both():
     exts[0]["built_with"]["torch"] = "2.12.0"
     found = ids(evaluate(facts(exts, ["9.0"])))
     assert "EXT_NO_KERNEL_IMAGE" in found and "EXT_ABI_MISMATCH" in found
+
+
+def test_check_ext_option_feeds_the_rules(capsys):
+    import json as _json
+
+    from cudadoctor.cli import main
+
+    scen = Path(__file__).resolve().parents[1] / "fixtures" / "scenarios" / "105-healthy-h200-torch211-cu130-container.json"
+    code = main(["check", "--from", str(scen), "--json", "--ext", str(FIX / "libkern_sm87.so")])
+    report = _json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert report["findings"][0]["id"] == "EXT_NO_KERNEL_IMAGE"
+    assert report["facts"]["extensions"][0]["sass"] == ["sm_87"]
+    code = main(["check", "--from", str(scen), "--json", "--ext", str(FIX / "libkern_sm86_sm89_ptx89.so")])
+    report = _json.loads(capsys.readouterr().out)
+    assert "EXT_NO_KERNEL_IMAGE" not in [f["id"] for f in report["findings"]]  # compute_89 JITs on the H200
+    assert main(["check", "--from", str(scen), "--ext", str(FIX / "kern.cu")]) == 2
+    assert main(["check", "--from", str(scen), "--ext-package", "no_such_package_xyz"]) == 2
