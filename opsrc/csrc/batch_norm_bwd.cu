@@ -1,0 +1,489 @@
+// BatchNorm backward (training and eval, optional fused ReLU).
+//
+// bn_bwd_reduce_* : per channel slice, sums of g, g * c and c where c = x - save_mean and
+//                   g = grad_out masked by the ReLU (recomputed from x) -> ws [C, splits, 3].
+// bn_bwd_finalize : per channel: grad_weight, grad_bias and coef [C, 5] = (mean, A, B, D, E).
+// bn_bwd_apply_*  : grad_input = A * g + B * c + D, with the ReLU mask y = c * A + E > 0.
+// Summing c as well makes the result exact even though save_mean was rounded: the centred sum
+// is sum(g * c) - mean(c) * sum(g).
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include "batch_norm_common.cuh"
+
+namespace cudadoctor_ops {
+namespace bn {
+namespace {
+
+// Per-channel values the reduce and apply passes need before the reduction: mean, A = w*invstd,
+// E = bias - reserve * A (the ReLU threshold offset).
+template <typename A>
+struct ChannelPre {
+  A mean, a, e;
+};
+
+template <typename A>
+__device__ __forceinline__ ChannelPre<A> channel_pre(int64_t c, const A* save_mean,
+                                                     const A* save_invstd, const A* reserve,
+                                                     const void* weight, int wkind,
+                                                     const void* bias, int bkind) {
+  ChannelPre<A> p;
+  p.mean = save_mean[c];
+  p.a = load_param<A>(weight, wkind, c, A(1)) * save_invstd[c];
+  p.e = load_param<A>(bias, bkind, c, A(0)) - reserve[c] * p.a;
+  return p;
+}
+
+template <typename A>
+__device__ __forceinline__ A masked(A g, A c, A a, A e, bool relu) {
+  return (relu && !(c * a + e > A(0))) ? A(0) : g;
+}
+
+// x, dy: [N, C, HW]; grid (C, splits), block kThreads. ws: [C, splits, 3] = (sum g, sum g*c,
+// sum c).
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads)
+    bn_bwd_reduce_nchw(const T* __restrict__ x, const T* __restrict__ dy,
+                       typename Acc<T>::type* __restrict__ ws, int64_t N, int64_t C, int64_t HW,
+                       const typename Acc<T>::type* save_mean,
+                       const typename Acc<T>::type* save_invstd,
+                       const typename Acc<T>::type* reserve, const void* weight, int wkind,
+                       const void* bias, int bkind, bool relu) {
+  using A = typename Acc<T>::type;
+  const int64_t c = blockIdx.x;
+  const int splits = gridDim.y;
+  const int64_t packs = N * (HW / V);
+  const int64_t chunk = (packs + splits - 1) / splits;
+  const int64_t begin = blockIdx.y * chunk;
+  const int64_t end = begin + chunk < packs ? begin + chunk : packs;
+  const int64_t stride = blockDim.x;
+  const ChannelPre<A> pre =
+      channel_pre<A>(c, save_mean, save_invstd, reserve, weight, wkind, bias, bkind);
+  A sg = 0, sgc = 0, sc = 0;
+  int64_t j = begin + threadIdx.x;
+  if (j < end) {
+    NchwWalk w(j, stride, c, C, HW, V);
+    for (; j < end; j += kUnroll * stride) {
+      Pack<T, V> px[kUnroll], pg[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (j + u * stride < end) {
+          px[u] = *reinterpret_cast<const Pack<T, V>*>(x + w.off);
+          pg[u] = *reinterpret_cast<const Pack<T, V>*>(dy + w.off);
+        }
+        w.advance();
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (j + u * stride < end) {
+#pragma unroll
+          for (int i = 0; i < V; ++i) {
+            const A cx = static_cast<A>(px[u].v[i]) - pre.mean;
+            const A g = masked(static_cast<A>(pg[u].v[i]), cx, pre.a, pre.e, relu);
+            sg += g;
+            sgc += g * cx;
+            sc += cx;
+          }
+        }
+      }
+    }
+  }
+  sg = warp_sum(sg);
+  sgc = warp_sum(sgc);
+  sc = warp_sum(sc);
+  __shared__ A sm[3][kThreads / 32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) {
+    sm[0][warp] = sg;
+    sm[1][warp] = sgc;
+    sm[2][warp] = sc;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const int nw = blockDim.x >> 5;
+    sg = warp_sum(lane < nw ? sm[0][lane] : A(0));
+    sgc = warp_sum(lane < nw ? sm[1][lane] : A(0));
+    sc = warp_sum(lane < nw ? sm[2][lane] : A(0));
+    if (lane == 0) {
+      A* o = ws + (c * splits + blockIdx.y) * 3;
+      o[0] = sg;
+      o[1] = sgc;
+      o[2] = sc;
+    }
+  }
+}
+
+// x, dy: [R, C]; block (TX, TY), grid (ceil(C/V/TX), splits); dynamic smem TY*TX*V*3 sums.
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads)
+    bn_bwd_reduce_nhwc(const T* __restrict__ x, const T* __restrict__ dy,
+                       typename Acc<T>::type* __restrict__ ws, int64_t R, int64_t C,
+                       const typename Acc<T>::type* save_mean,
+                       const typename Acc<T>::type* save_invstd,
+                       const typename Acc<T>::type* reserve, const void* weight, int wkind,
+                       const void* bias, int bkind, bool relu) {
+  using A = typename Acc<T>::type;
+  extern __shared__ unsigned char smem_raw[];
+  A* sm = reinterpret_cast<A*>(smem_raw);
+  const int64_t Cv = C / V;
+  const int64_t cv = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const bool active = cv < Cv;
+  const int splits = gridDim.y;
+  A mean[V], a[V], e[V], sg[V], sgc[V], sc[V];
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    sg[i] = 0;
+    sgc[i] = 0;
+    sc[i] = 0;
+    mean[i] = 0;
+    a[i] = 0;
+    e[i] = 0;
+  }
+  if (active) {
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      const ChannelPre<A> pre = channel_pre<A>(cv * V + i, save_mean, save_invstd, reserve,
+                                               weight, wkind, bias, bkind);
+      mean[i] = pre.mean;
+      a[i] = pre.a;
+      e[i] = pre.e;
+    }
+    const int64_t rstride = int64_t(gridDim.y) * blockDim.y;
+    for (int64_t r = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; r < R;
+         r += kUnroll * rstride) {
+      Pack<T, V> px[kUnroll], pg[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (r + u * rstride < R) {
+          const int64_t off = (r + u * rstride) * C + cv * V;
+          px[u] = *reinterpret_cast<const Pack<T, V>*>(x + off);
+          pg[u] = *reinterpret_cast<const Pack<T, V>*>(dy + off);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (r + u * rstride < R) {
+#pragma unroll
+          for (int i = 0; i < V; ++i) {
+            const A cx = static_cast<A>(px[u].v[i]) - mean[i];
+            const A g = masked(static_cast<A>(pg[u].v[i]), cx, a[i], e[i], relu);
+            sg[i] += g;
+            sgc[i] += g * cx;
+            sc[i] += cx;
+          }
+        }
+      }
+    }
+  }
+  const int tx = threadIdx.x, TX = blockDim.x;
+  auto slot = [&](int ty, int i, int k) -> A& { return sm[((ty * TX + tx) * V + i) * 3 + k]; };
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    slot(threadIdx.y, i, 0) = sg[i];
+    slot(threadIdx.y, i, 1) = sgc[i];
+    slot(threadIdx.y, i, 2) = sc[i];
+  }
+  __syncthreads();
+  for (int s = blockDim.y >> 1; s > 0; s >>= 1) {
+    if (threadIdx.y < s) {
+#pragma unroll
+      for (int i = 0; i < V; ++i)
+#pragma unroll
+        for (int k = 0; k < 3; ++k) slot(threadIdx.y, i, k) += slot(threadIdx.y + s, i, k);
+    }
+    __syncthreads();
+  }
+  if (threadIdx.y == 0 && active) {
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      A* o = ws + ((cv * V + i) * splits + blockIdx.y) * 3;
+      o[0] = slot(0, i, 0);
+      o[1] = slot(0, i, 1);
+      o[2] = slot(0, i, 2);
+    }
+  }
+}
+
+// One warp per channel. ws may be null (splits == 0): no reduction was needed (eval, no
+// parameter grads). count = values per channel. Writes grad_weight / grad_bias when given and
+// coef [C, 5] = (mean, A, B, D, E).
+template <typename A>
+__global__ void bn_bwd_finalize(const A* __restrict__ ws, int splits, int64_t C, int64_t count,
+                                bool training, const A* save_mean, const A* save_invstd,
+                                const A* reserve, const void* weight, int wkind, const void* bias,
+                                int bkind, void* grad_weight, int gwkind, void* grad_bias,
+                                int gbkind, A* __restrict__ coef) {
+  const int lane = threadIdx.x & 31;
+  const int64_t c = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (c >= C) return;
+  A sg = 0, sgc = 0, sc = 0;
+  for (int s = lane; s < splits; s += 32) {
+    const A* p = ws + (c * splits + s) * 3;
+    sg += p[0];
+    sgc += p[1];
+    sc += p[2];
+  }
+  sg = warp_sum(sg);
+  sgc = warp_sum(sgc);
+  sc = warp_sum(sc);
+  if (lane != 0) return;
+  const ChannelPre<A> pre =
+      channel_pre<A>(c, save_mean, save_invstd, reserve, weight, wkind, bias, bkind);
+  const A invstd = save_invstd[c];
+  const A M = static_cast<A>(count);
+  A mc = 0, S = sgc;
+  if (training) {
+    mc = sc / M;
+    S = sgc - mc * sg;
+  }
+  if (grad_weight != nullptr) store_param<A>(grad_weight, gwkind, c, S * invstd);
+  if (grad_bias != nullptr) store_param<A>(grad_bias, gbkind, c, sg);
+  A B = 0, D = 0;
+  if (training) {
+    B = -pre.a * invstd * invstd * S / M;
+    D = -pre.a * sg / M - B * mc;
+  }
+  A* o = coef + c * 5;
+  o[0] = pre.mean;
+  o[1] = pre.a;
+  o[2] = B;
+  o[3] = D;
+  o[4] = pre.e;
+}
+
+// x, dy, dx: [N, C, HW]; grid (C, splits). need_x: false only for eval without ReLU.
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads)
+    bn_bwd_apply_nchw(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
+                      const typename Acc<T>::type* __restrict__ coef, int64_t N, int64_t C,
+                      int64_t HW, bool relu, bool need_x) {
+  using A = typename Acc<T>::type;
+  const int64_t c = blockIdx.x;
+  const int splits = gridDim.y;
+  const int64_t packs = N * (HW / V);
+  const int64_t chunk = (packs + splits - 1) / splits;
+  const int64_t begin = blockIdx.y * chunk;
+  const int64_t end = begin + chunk < packs ? begin + chunk : packs;
+  const int64_t stride = blockDim.x;
+  const A mean = coef[c * 5 + 0], a = coef[c * 5 + 1], B = coef[c * 5 + 2],
+          D = coef[c * 5 + 3], e = coef[c * 5 + 4];
+  int64_t j = begin + threadIdx.x;
+  if (j >= end) return;
+  NchwWalk w(j, stride, c, C, HW, V);
+  for (; j < end; j += kUnroll * stride) {
+    Pack<T, V> px[kUnroll], pg[kUnroll];
+    int64_t off[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      off[u] = w.off;
+      if (j + u * stride < end) {
+        if (need_x) px[u] = *reinterpret_cast<const Pack<T, V>*>(x + w.off);
+        pg[u] = *reinterpret_cast<const Pack<T, V>*>(dy + w.off);
+      }
+      w.advance();
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (j + u * stride < end) {
+        Pack<T, V> o;
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          const A cx = need_x ? static_cast<A>(px[u].v[i]) - mean : A(0);
+          const A g = masked(static_cast<A>(pg[u].v[i]), cx, a, e, relu);
+          o.v[i] = static_cast<T>(a * g + B * cx + D);
+        }
+        *reinterpret_cast<Pack<T, V>*>(dx + off[u]) = o;
+      }
+    }
+  }
+}
+
+// x, dy, dx: [R, C]; block/grid like bn_bwd_reduce_nhwc.
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads)
+    bn_bwd_apply_nhwc(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
+                      const typename Acc<T>::type* __restrict__ coef, int64_t R, int64_t C,
+                      bool relu, bool need_x) {
+  using A = typename Acc<T>::type;
+  const int64_t Cv = C / V;
+  const int64_t cv = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (cv >= Cv) return;
+  A mean[V], a[V], B[V], D[V], e[V];
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    const A* q = coef + (cv * V + i) * 5;
+    mean[i] = q[0];
+    a[i] = q[1];
+    B[i] = q[2];
+    D[i] = q[3];
+    e[i] = q[4];
+  }
+  const int64_t rstride = int64_t(gridDim.y) * blockDim.y;
+  for (int64_t r = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; r < R; r += kUnroll * rstride) {
+    Pack<T, V> px[kUnroll], pg[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (r + u * rstride < R) {
+        const int64_t off = (r + u * rstride) * C + cv * V;
+        if (need_x) px[u] = *reinterpret_cast<const Pack<T, V>*>(x + off);
+        pg[u] = *reinterpret_cast<const Pack<T, V>*>(dy + off);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (r + u * rstride < R) {
+        Pack<T, V> o;
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          const A cx = need_x ? static_cast<A>(px[u].v[i]) - mean[i] : A(0);
+          const A g = masked(static_cast<A>(pg[u].v[i]), cx, a[i], e[i], relu);
+          o.v[i] = static_cast<T>(a[i] * g + B[i] * cx + D[i]);
+        }
+        *reinterpret_cast<Pack<T, V>*>(dx + (r + u * rstride) * C + cv * V) = o;
+      }
+    }
+  }
+}
+
+template <typename T, int V>
+void launch_backward(const Layout& l, const at::Tensor& dy, const at::Tensor& dx,
+                     const at::Tensor& w, const at::Tensor& b, const at::Tensor& save_mean,
+                     const at::Tensor& save_invstd, const at::Tensor& reserve, bool training,
+                     bool relu, bool need_reduce, const at::Tensor& gw, const at::Tensor& gb) {
+  using A = typename Acc<T>::type;
+  const int device = l.x.get_device();
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  const T* x = l.x.data_ptr<T>();
+  const T* g = dy.data_ptr<T>();
+  const auto acc_opts = save_mean.options();
+  const A* sm = save_mean.data_ptr<A>();
+  const A* si = save_invstd.data_ptr<A>();
+  const A* rs = reserve.data_ptr<A>();
+  const int64_t R = l.N * l.HW;
+  dim3 grid, block;
+  size_t smem = 0;
+  int splits;
+  if (l.nhwc) {
+    NhwcGrid gr = nhwc_grid(l.C / V, R, device);
+    grid = gr.grid;
+    block = gr.block;
+    splits = gr.splits;
+    smem = size_t(block.x) * block.y * V * 3 * sizeof(A);
+  } else {
+    splits = nchw_splits(l.C, l.N * (l.HW / V), device);
+    grid = dim3(static_cast<unsigned>(l.C), static_cast<unsigned>(splits));
+    block = dim3(kThreads);
+  }
+  at::Tensor ws;
+  if (need_reduce) {
+    ws = at::empty({l.C * splits * 3}, acc_opts);
+    if (l.nhwc) {
+      bn_bwd_reduce_nhwc<T, V><<<grid, block, smem, stream>>>(
+          x, g, ws.data_ptr<A>(), R, l.C, sm, si, rs, param_ptr(w), param_kind(w), param_ptr(b),
+          param_kind(b), relu);
+    } else {
+      bn_bwd_reduce_nchw<T, V><<<grid, block, 0, stream>>>(
+          x, g, ws.data_ptr<A>(), l.N, l.C, l.HW, sm, si, rs, param_ptr(w), param_kind(w),
+          param_ptr(b), param_kind(b), relu);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  at::Tensor coef = at::empty({l.C, 5}, acc_opts);
+  {
+    const int warps = 8;
+    const unsigned fgrid = static_cast<unsigned>((l.C + warps - 1) / warps);
+    bn_bwd_finalize<A><<<fgrid, warps * 32, 0, stream>>>(
+        need_reduce ? ws.data_ptr<A>() : nullptr, need_reduce ? splits : 0, l.C, R, training, sm,
+        si, rs, param_ptr(w), param_kind(w), param_ptr(b), param_kind(b),
+        gw.defined() ? gw.data_ptr() : nullptr, param_kind(gw),
+        gb.defined() ? gb.data_ptr() : nullptr, param_kind(gb), coef.data_ptr<A>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  if (dx.defined()) {
+    const bool need_x = training || relu;
+    if (l.nhwc) {
+      bn_bwd_apply_nhwc<T, V><<<grid, block, 0, stream>>>(x, g, dx.data_ptr<T>(),
+                                                          coef.data_ptr<A>(), R, l.C, relu,
+                                                          need_x);
+    } else {
+      bn_bwd_apply_nchw<T, V><<<grid, block, 0, stream>>>(
+          x, g, dx.data_ptr<T>(), coef.data_ptr<A>(), l.N, l.C, l.HW, relu, need_x);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_cuda(
+    const at::Tensor& grad_out, const at::Tensor& input,
+    const c10::optional<at::Tensor>& weight_opt, const c10::optional<at::Tensor>& bias_opt,
+    const at::Tensor& save_mean, const at::Tensor& save_invstd, const at::Tensor& reserve,
+    bool training, c10::string_view activation, std::array<bool, 3> output_mask) {
+  check_input(input, "input");
+  check_input(grad_out, "grad_out");
+  const bool relu = parse_relu(activation);
+  const int64_t C = input.size(1);
+  TORCH_CHECK(grad_out.sizes() == input.sizes(),
+              "cudadoctor_ops.batch_norm_backward: grad_out has shape ", grad_out.sizes(),
+              " but input has shape ", input.sizes());
+  TORCH_CHECK(grad_out.scalar_type() == input.scalar_type(),
+              "cudadoctor_ops.batch_norm_backward: grad_out has dtype ", grad_out.scalar_type(),
+              " but input has dtype ", input.scalar_type());
+  TORCH_CHECK(grad_out.device() == input.device(),
+              "cudadoctor_ops.batch_norm_backward: grad_out is on ", grad_out.device(),
+              " but input is on ", input.device());
+  check_param(weight_opt, "weight", input, C);
+  check_param(bias_opt, "bias", input, C);
+  const auto acc_type = input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  for (const at::Tensor* t : {&save_mean, &save_invstd, &reserve}) {
+    TORCH_CHECK(t->device() == input.device() && t->scalar_type() == acc_type &&
+                    t->dim() == 1 && t->size(0) == C,
+                "cudadoctor_ops.batch_norm_backward: save_mean, save_invstd and reserve must be "
+                "the [", C, "] ", acc_type, " tensors returned by batch_norm on ",
+                input.device());
+  }
+  c10::cuda::CUDAGuard guard(input.device());
+  const at::Tensor w = contig_param(weight_opt), b = contig_param(bias_opt);
+  Layout l = make_layout(input);
+  at::Tensor dy = like_layout(grad_out, l);
+  at::Tensor dx, gw, gb;
+  if (output_mask[0]) dx = at::empty_like(l.x);
+  const auto param_opts = w.defined() ? w.options() : input.options().dtype(acc_type);
+  const auto bias_opts = b.defined() ? b.options() : input.options().dtype(acc_type);
+  if (output_mask[1]) gw = at::empty({C}, param_opts);
+  if (output_mask[2]) gb = at::empty({C}, bias_opts);
+  if (input.numel() == 0) {
+    if (gw.defined()) gw.zero_();
+    if (gb.defined()) gb.zero_();
+  } else if (output_mask[0] || output_mask[1] || output_mask[2]) {
+    const at::Tensor sm = save_mean.contiguous(), si = save_invstd.contiguous(),
+                     rs = reserve.contiguous();
+    const bool need_reduce = training ? (output_mask[0] || output_mask[1] || output_mask[2])
+                                      : (output_mask[1] || output_mask[2]);
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "bn_bwd",
+                                    [&] {
+      constexpr int VW = 16 / sizeof(scalar_t);
+      const void* dxp = dx.defined() ? dx.data_ptr() : nullptr;
+      if (vec_width<scalar_t>(l, {l.x.data_ptr(), dy.data_ptr(), dxp}) == VW) {
+        launch_backward<scalar_t, VW>(l, dy, dx, w, b, sm, si, rs, training, relu, need_reduce,
+                                      gw, gb);
+      } else {
+        launch_backward<scalar_t, 1>(l, dy, dx, w, b, sm, si, rs, training, relu, need_reduce,
+                                     gw, gb);
+      }
+    });
+  }
+  if (!dx.defined()) dx = at::empty({0}, input.options());
+  if (!gw.defined()) gw = at::empty({0}, param_opts);
+  if (!gb.defined()) gb = at::empty({0}, bias_opts);
+  return {dx, gw, gb};
+}
+
+}  // namespace
+}  // namespace bn
+}  // namespace cudadoctor_ops
+
+TORCH_LIBRARY_IMPL(cudadoctor_ops, CUDA, m) {
+  m.impl("batch_norm_backward", &cudadoctor_ops::bn::batch_norm_backward_cuda);
+}

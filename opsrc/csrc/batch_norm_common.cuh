@@ -1,0 +1,313 @@
+// Shared pieces of the BatchNorm kernels (batch_norm_fwd.cu, batch_norm_bwd.cu).
+//
+// Two memory layouts are handled without copies:
+//   NCHW  - input viewed as [N, C, HW] contiguous (any (N, C, *) tensor that is contiguous).
+//           One block works on one channel and one slice ("split") of that channel's N*HW
+//           values; threads walk the slice in packs of V values along HW.
+//   NHWC  - input viewed as [R = N*HW, C] with C contiguous (channels_last / channels_last_3d,
+//           and every input whose HW is 1). Block (TX, TY): a thread owns V consecutive channels
+//           and walks rows; blockIdx.y picks a slice of the rows.
+// Reductions are split over many blocks per channel (partials to a workspace [C, splits, 3]),
+// merged by a small per-channel finalize kernel, then an elementwise pass applies the result.
+// V is 16 / sizeof(T) (16-byte loads) when the rows are 16-byte aligned, else 1.
+// All element offsets are 64-bit.
+#pragma once
+
+#include <ATen/Dispatch.h>
+#include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+namespace cudadoctor_ops {
+namespace bn {
+
+constexpr int kThreads = 256;  // threads per block of the streaming kernels
+constexpr int kUnroll = 4;     // packs in flight per thread
+constexpr int kMaxSplits = 1024;
+
+template <typename T>
+struct Acc {
+  using type = float;
+};
+template <>
+struct Acc<double> {
+  using type = double;
+};
+
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+// Runtime dtype of the small per-channel tensors (weight, bias, running stats, grads of params).
+enum ParamKind : int { kF32 = 0, kF16 = 1, kBF16 = 2, kF64 = 3, kAbsent = 4 };
+
+template <typename A>
+__device__ __forceinline__ A load_param(const void* p, int kind, int64_t i, A absent) {
+  switch (kind) {
+    case kF32:
+      return static_cast<A>(static_cast<const float*>(p)[i]);
+    case kF16:
+      return static_cast<A>(static_cast<float>(static_cast<const c10::Half*>(p)[i]));
+    case kBF16:
+      return static_cast<A>(static_cast<float>(static_cast<const c10::BFloat16*>(p)[i]));
+    case kF64:
+      return static_cast<A>(static_cast<const double*>(p)[i]);
+    default:
+      return absent;
+  }
+}
+
+template <typename A>
+__device__ __forceinline__ void store_param(void* p, int kind, int64_t i, A v) {
+  switch (kind) {
+    case kF32:
+      static_cast<float*>(p)[i] = static_cast<float>(v);
+      break;
+    case kF16:
+      static_cast<c10::Half*>(p)[i] = c10::Half(static_cast<float>(v));
+      break;
+    case kBF16:
+      static_cast<c10::BFloat16*>(p)[i] = c10::BFloat16(static_cast<float>(v));
+      break;
+    case kF64:
+      static_cast<double*>(p)[i] = static_cast<double>(v);
+      break;
+    default:
+      break;
+  }
+}
+
+template <typename A>
+__device__ __forceinline__ A fast_div(A a, A b) {
+  return a / b;
+}
+template <>
+__device__ __forceinline__ float fast_div<float>(float a, float b) {
+  return __fdividef(a, b);
+}
+
+template <typename A>
+__device__ __forceinline__ A inv_sqrt(A v) {
+  return A(1) / sqrt(v);
+}
+
+// Chan et al. parallel merge of (mean, m2, n) with (mb, m2b, nb).
+template <typename A>
+__device__ __forceinline__ void welford_merge(A& mean, A& m2, A& n, A mb, A m2b, A nb) {
+  const A nn = n + nb;
+  if (nn == A(0)) return;
+  const A delta = mb - mean;
+  const A f = fast_div(nb, nn);
+  mean += delta * f;
+  m2 += m2b + delta * delta * n * f;
+  n = nn;
+}
+
+template <typename A>
+__device__ __forceinline__ void warp_welford(A& mean, A& m2, A& n) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const A mb = __shfl_down_sync(0xffffffffu, mean, o);
+    const A m2b = __shfl_down_sync(0xffffffffu, m2, o);
+    const A nb = __shfl_down_sync(0xffffffffu, n, o);
+    welford_merge(mean, m2, n, mb, m2b, nb);
+  }
+}
+
+template <typename A>
+__device__ __forceinline__ A warp_sum(A v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Walk of one thread through the packs of one channel in the NCHW view: pack index j of the
+// channel (0 <= j < N*HW/V) lives at element offset (j / HWv) * C*HW + c*HW + (j % HWv) * V.
+struct NchwWalk {
+  int64_t h;    // pack index inside the current row
+  int64_t off;  // element offset of the current pack
+  int64_t step_h, step_off, HWv, wrap;
+  __device__ __forceinline__ NchwWalk(int64_t j, int64_t stride, int64_t c, int64_t C,
+                                      int64_t HW, int V) {
+    HWv = HW / V;
+    const int64_t n = j / HWv;
+    h = j - n * HWv;
+    off = (n * C + c) * HW + h * V;
+    const int64_t sn = stride / HWv;
+    step_h = stride - sn * HWv;
+    step_off = sn * C * HW + step_h * V;
+    wrap = C * HW - HW;
+  }
+  __device__ __forceinline__ void advance() {
+    h += step_h;
+    off += step_off;
+    if (h >= HWv) {
+      h -= HWv;
+      off += wrap;
+    }
+  }
+};
+
+// ---- host helpers ----
+
+inline int sm_count(int device) {
+  static int cached[64] = {0};
+  if (device >= 0 && device < 64 && cached[device] > 0) return cached[device];
+  int v = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, device));
+  if (device >= 0 && device < 64) cached[device] = v;
+  return v;
+}
+
+inline int param_kind(const at::Tensor& t) {
+  if (!t.defined()) return kAbsent;
+  switch (t.scalar_type()) {
+    case at::kFloat:
+      return kF32;
+    case at::kHalf:
+      return kF16;
+    case at::kBFloat16:
+      return kBF16;
+    case at::kDouble:
+      return kF64;
+    default:
+      return kAbsent;
+  }
+}
+
+inline const void* param_ptr(const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
+
+// The layout a kernel sees, see the comment at the top.
+struct Layout {
+  at::Tensor x;  // the input as the kernels read it (a contiguous copy if it had odd strides)
+  bool nhwc = false;
+  int64_t N = 0, C = 0, HW = 1;
+  at::MemoryFormat format = at::MemoryFormat::Contiguous;
+};
+
+inline Layout make_layout(const at::Tensor& input) {
+  Layout l;
+  l.N = input.size(0);
+  l.C = input.size(1);
+  l.HW = 1;
+  for (int64_t d = 2; d < input.dim(); ++d) l.HW *= input.size(d);
+  if (input.dim() == 4 && !input.is_contiguous() &&
+      input.is_contiguous(at::MemoryFormat::ChannelsLast)) {
+    l.x = input;
+    l.nhwc = true;
+    l.format = at::MemoryFormat::ChannelsLast;
+  } else if (input.dim() == 5 && !input.is_contiguous() &&
+             input.is_contiguous(at::MemoryFormat::ChannelsLast3d)) {
+    l.x = input;
+    l.nhwc = true;
+    l.format = at::MemoryFormat::ChannelsLast3d;
+  } else {
+    l.x = input.is_contiguous() ? input : input.contiguous();
+    l.nhwc = (l.HW == 1);
+    l.format = at::MemoryFormat::Contiguous;
+  }
+  return l;
+}
+
+// A tensor in the same memory layout as l.x (copied only when its layout differs).
+inline at::Tensor like_layout(const at::Tensor& t, const Layout& l) {
+  if (t.is_contiguous(l.format)) return t;
+  return t.contiguous(l.format);
+}
+
+template <typename T>
+inline int vec_width(const Layout& l, std::initializer_list<const void*> ptrs) {
+  constexpr int V = 16 / sizeof(T);
+  const int64_t row = l.nhwc ? l.C : l.HW;
+  if (row % V != 0) return 1;
+  for (const void* p : ptrs)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return 1;
+  return V;
+}
+
+// Blocks per channel for the NCHW kernels: enough to fill the GPU, at least ~2 packs per thread.
+inline int nchw_splits(int64_t C, int64_t packs_per_channel, int device) {
+  const int64_t target = int64_t(sm_count(device)) * 8;
+  int64_t s = (target + C - 1) / C;
+  const int64_t by_work = (packs_per_channel + 2 * kThreads - 1) / (2 * kThreads);
+  if (s > by_work) s = by_work;
+  if (s > kMaxSplits) s = kMaxSplits;
+  if (s < 1) s = 1;
+  return static_cast<int>(s);
+}
+
+struct NhwcGrid {
+  dim3 block, grid;
+  int splits;
+};
+
+inline NhwcGrid nhwc_grid(int64_t Cv, int64_t R, int device) {
+  int tx = 1;
+  while (tx < Cv && tx < 32) tx <<= 1;
+  const int ty = kThreads / tx;
+  const int64_t gx = (Cv + tx - 1) / tx;
+  const int64_t target = int64_t(sm_count(device)) * 8;
+  int64_t s = (target + gx - 1) / gx;
+  const int64_t by_work = (R + 2 * ty - 1) / (2 * ty);
+  if (s > by_work) s = by_work;
+  if (s > kMaxSplits) s = kMaxSplits;
+  if (s < 1) s = 1;
+  NhwcGrid g;
+  g.block = dim3(tx, ty);
+  g.grid = dim3(static_cast<unsigned>(gx), static_cast<unsigned>(s));
+  g.splits = static_cast<int>(s);
+  return g;
+}
+
+inline bool parse_relu(c10::string_view activation) {
+  const std::string a(activation.data(), activation.size());
+  TORCH_CHECK(a == "none" || a == "relu",
+              "cudadoctor_ops.batch_norm: activation must be \"none\" or \"relu\", got \"", a,
+              "\"");
+  return a == "relu";
+}
+
+// Checks one per-channel tensor (weight, bias, running_mean, ...) against the input.
+inline void check_param(const c10::optional<at::Tensor>& t, const char* name,
+                        const at::Tensor& input, int64_t C) {
+  if (!t.has_value() || !t->defined()) return;
+  const at::Tensor& p = *t;
+  TORCH_CHECK(p.device() == input.device(), "cudadoctor_ops.batch_norm: ", name, " is on ",
+              p.device(), " but input is on ", input.device(),
+              "; move both to the same CUDA device");
+  TORCH_CHECK(p.dim() == 1 && p.size(0) == C, "cudadoctor_ops.batch_norm: ", name,
+              " must have shape [", C, "] (one value per channel of input, dim 1), got ",
+              p.sizes());
+  const bool low = input.scalar_type() == at::kHalf || input.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(p.scalar_type() == input.scalar_type() || (low && p.scalar_type() == at::kFloat),
+              "cudadoctor_ops.batch_norm: ", name, " has dtype ", p.scalar_type(),
+              " but input has dtype ", input.scalar_type(), "; ", name,
+              " must have the input's dtype", (low ? " or float32" : ""));
+}
+
+inline void check_input(const at::Tensor& input, const char* name) {
+  TORCH_CHECK(input.is_cuda(), "cudadoctor_ops.batch_norm: ", name,
+              " must be a CUDA tensor, got device ", input.device());
+  TORCH_CHECK(input.dim() >= 2, "cudadoctor_ops.batch_norm: ", name,
+              " must have at least 2 dims (N, C, ...), got shape ", input.sizes());
+  const auto st = input.scalar_type();
+  TORCH_CHECK(st == at::kFloat || st == at::kHalf || st == at::kBFloat16 || st == at::kDouble,
+              "cudadoctor_ops.batch_norm: ", name,
+              " must be float32, float16, bfloat16 or float64, got ", st);
+}
+
+inline at::Tensor contig_param(const c10::optional<at::Tensor>& t) {
+  if (!t.has_value() || !t->defined()) return at::Tensor();
+  return t->contiguous();
+}
+
+}  // namespace bn
+}  // namespace cudadoctor_ops

@@ -1,0 +1,230 @@
+"""BatchNorm with an optional fused ReLU, on CUDA.
+
+``batch_norm`` has the semantics of ``torch.nn.functional.batch_norm`` (batch statistics and an
+in-place update of the running statistics with the unbiased variance when training, the running
+statistics in eval mode, optional affine parameters) plus ``activation="relu"``.
+``BatchNorm1d/2d/3d`` are drop-in subclasses of torch's modules (same parameters, buffers and
+state_dict) with an ``activation`` argument.
+
+Ops (schemas in csrc/ops.cpp, kernels in csrc/batch_norm_*.cu):
+  cudadoctor_ops::batch_norm               functional forward, with autograd
+  cudadoctor_ops::batch_norm_backward      its backward
+  cudadoctor_ops::batch_norm_update_stats  in-place running-statistics update
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+__all__ = ["batch_norm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d"]
+
+ACTIVATIONS = ("none", "relu")
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _kernel_memory_format(x: Tensor) -> torch.memory_format:
+    """The layout the CUDA kernels produce for an input like ``x`` (see batch_norm_common.cuh)."""
+    if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
+        return torch.channels_last
+    if (
+        x.dim() == 5
+        and not x.is_contiguous()
+        and x.is_contiguous(memory_format=torch.channels_last_3d)
+    ):
+        return torch.channels_last_3d
+    return torch.contiguous_format
+
+
+@torch.library.register_fake("cudadoctor_ops::batch_norm")
+def _batch_norm_fake(input, weight, bias, running_mean, running_var, training, eps, activation):
+    c = input.shape[1]
+    acc = _acc_dtype(input.dtype)
+    out = torch.empty(input.shape, dtype=input.dtype, device=input.device).contiguous(
+        memory_format=_kernel_memory_format(input)
+    )
+    stats = [input.new_empty((c,), dtype=acc) for _ in range(3)]
+    return out, stats[0], stats[1], stats[2]
+
+
+@torch.library.register_fake("cudadoctor_ops::batch_norm_backward")
+def _batch_norm_backward_fake(
+    grad_out, input, weight, bias, save_mean, save_invstd, reserve, training, activation, output_mask
+):
+    c = input.shape[1]
+    acc = _acc_dtype(input.dtype)
+    if output_mask[0]:
+        gi = torch.empty(input.shape, dtype=input.dtype, device=input.device).contiguous(
+            memory_format=_kernel_memory_format(input)
+        )
+    else:
+        gi = input.new_empty((0,))
+    wdt = weight.dtype if weight is not None else acc
+    bdt = bias.dtype if bias is not None else acc
+    gw = input.new_empty((c,) if output_mask[1] else (0,), dtype=wdt)
+    gb = input.new_empty((c,) if output_mask[2] else (0,), dtype=bdt)
+    return gi, gw, gb
+
+
+@torch.library.register_fake("cudadoctor_ops::batch_norm_update_stats")
+def _batch_norm_update_stats_fake(running_mean, running_var, save_mean, save_invstd, momentum, eps, count):
+    return None
+
+
+def _setup_context(ctx, inputs, output):
+    input, weight, bias, _rm, _rv, training, _eps, activation = inputs
+    _out, save_mean, save_invstd, reserve = output
+    ctx.save_for_backward(input, weight, bias, save_mean, save_invstd, reserve)
+    ctx.training = training
+    ctx.activation = activation
+    ctx.mark_non_differentiable(save_mean, save_invstd, reserve)
+
+
+def _backward(ctx, grad_out, _g_mean, _g_invstd, _g_reserve):
+    input, weight, bias, save_mean, save_invstd, reserve = ctx.saved_tensors
+    mask = [
+        bool(ctx.needs_input_grad[0]),
+        weight is not None and bool(ctx.needs_input_grad[1]),
+        bias is not None and bool(ctx.needs_input_grad[2]),
+    ]
+    if grad_out is None or not any(mask):
+        return None, None, None, None, None, None, None, None
+    gi, gw, gb = torch.ops.cudadoctor_ops.batch_norm_backward(
+        grad_out, input, weight, bias, save_mean, save_invstd, reserve, ctx.training, ctx.activation, mask
+    )
+    return (
+        gi if mask[0] else None,
+        gw if mask[1] else None,
+        gb if mask[2] else None,
+        None,
+        None,
+        None,
+        None,
+        None,
+    )
+
+
+torch.library.register_autograd("cudadoctor_ops::batch_norm", _backward, setup_context=_setup_context)
+
+
+def _verify_batch_size(size) -> None:
+    values = size[0]
+    for s in size[2:]:
+        values *= s
+    if values == 1:
+        raise ValueError(f"Expected more than 1 value per channel when training, got input size {size}")
+
+
+def batch_norm(
+    input: Tensor,
+    running_mean: Optional[Tensor],
+    running_var: Optional[Tensor],
+    weight: Optional[Tensor] = None,
+    bias: Optional[Tensor] = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+    activation: str = "none",
+) -> Tensor:
+    """``torch.nn.functional.batch_norm`` on CUDA, optionally followed by a fused ReLU.
+
+    input: (N, C, *) CUDA tensor, float32/float16/bfloat16 (float64 too), contiguous or
+    channels_last (other strides are copied first). weight, bias, running_mean, running_var:
+    [C] tensors of the input's dtype (or float32 for half/bfloat16 input), each optional.
+    training=True uses the batch statistics and updates running_mean/running_var in place
+    (running = (1 - momentum) * running + momentum * batch, unbiased variance); training=False
+    uses the running statistics. activation: "none" or "relu".
+    """
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"batch_norm: activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if not isinstance(input, Tensor) or input.dim() < 2:
+        shape = tuple(input.shape) if isinstance(input, Tensor) else type(input).__name__
+        raise ValueError(f"batch_norm: input must be a tensor of shape (N, C, *), got {shape}")
+    if input.device.type != "cuda":
+        raise ValueError(
+            f"batch_norm: input is on {input.device}; cudadoctor_ops.batch_norm runs on CUDA "
+            "tensors only (use torch.nn.functional.batch_norm on the CPU)"
+        )
+    if momentum is None or not isinstance(momentum, (int, float)) or not math.isfinite(momentum):
+        raise ValueError(f"batch_norm: momentum must be a finite float, got {momentum!r}")
+    if training:
+        _verify_batch_size(input.shape)
+    out, save_mean, save_invstd, _reserve = torch.ops.cudadoctor_ops.batch_norm(
+        input,
+        weight,
+        bias,
+        None if training else running_mean,
+        None if training else running_var,
+        bool(training),
+        float(eps),
+        activation,
+    )
+    if training and running_mean is not None and running_var is not None and input.numel() > 0:
+        count = input.numel() // input.shape[1]
+        torch.ops.cudadoctor_ops.batch_norm_update_stats(
+            running_mean, running_var, save_mean, save_invstd, float(momentum), float(eps), count
+        )
+    return out
+
+
+class _FusedBatchNorm:
+    """Forward of torch's _BatchNorm, routed to cudadoctor_ops.batch_norm (+ activation)."""
+
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: Optional[float] = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        device=None,
+        dtype=None,
+        *,
+        activation: str = "none",
+    ) -> None:
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype)
+        self.activation = activation
+
+    def forward(self, input: Tensor) -> Tensor:
+        self._check_input_dim(input)
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:  # cumulative moving average
+                factor = 1.0 / float(self.num_batches_tracked)
+        use_batch_stats = self.training or (self.running_mean is None and self.running_var is None)
+        keep = not self.training or self.track_running_stats
+        return batch_norm(
+            input,
+            self.running_mean if keep else None,
+            self.running_var if keep else None,
+            self.weight,
+            self.bias,
+            use_batch_stats,
+            factor,
+            self.eps,
+            self.activation,
+        )
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", activation={self.activation!r}"
+
+
+class BatchNorm1d(_FusedBatchNorm, torch.nn.BatchNorm1d):
+    """torch.nn.BatchNorm1d on cudadoctor_ops kernels, with ``activation="none"|"relu"``."""
+
+
+class BatchNorm2d(_FusedBatchNorm, torch.nn.BatchNorm2d):
+    """torch.nn.BatchNorm2d on cudadoctor_ops kernels, with ``activation="none"|"relu"``."""
+
+
+class BatchNorm3d(_FusedBatchNorm, torch.nn.BatchNorm3d):
+    """torch.nn.BatchNorm3d on cudadoctor_ops kernels, with ``activation="none"|"relu"``."""

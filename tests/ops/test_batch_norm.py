@@ -1,0 +1,376 @@
+"""cudadoctor_ops.batch_norm against a float64 pure-torch reference (GPU only)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from .conftest import cuda_ops_or_skip
+
+pytestmark = pytest.mark.gpu
+
+ops = cuda_ops_or_skip()
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+DEV = "cuda"
+TOL = {  # (atol, rtol) for outputs / grads, relative to values of order 1
+    torch.float32: (2e-4, 2e-4),
+    torch.float16: (1e-2, 1e-2),
+    torch.bfloat16: (6e-2, 3e-2),
+    torch.float64: (1e-9, 1e-9),
+}
+
+
+def reference(x, rm, rv, w, b, training, momentum, eps, activation):
+    """float64 BatchNorm (+ReLU); returns out and the new running stats (or None)."""
+    x64 = x.double()
+    c = x.shape[1]
+    dims = [0] + list(range(2, x.dim()))
+    shape = [1, c] + [1] * (x.dim() - 2)
+    new_rm = new_rv = None
+    if training:
+        mean = x64.mean(dims)
+        var = x64.var(dims, unbiased=False)
+        n = x.numel() // c
+        if rm is not None:
+            new_rm = (1 - momentum) * rm.double() + momentum * mean
+            new_rv = (1 - momentum) * rv.double() + momentum * var * n / (n - 1)
+    else:
+        mean, var = rm.double(), rv.double()
+    y = (x64 - mean.view(shape)) / torch.sqrt(var.view(shape) + eps)
+    if w is not None:
+        y = y * w.double().view(shape)
+    if b is not None:
+        y = y + b.double().view(shape)
+    if activation == "relu":
+        y = torch.relu(y)
+    return y, new_rm, new_rv
+
+
+def make(shape, dtype, layout, affine=True, pdtype=None, seed=0, loc=0.0, scale=1.0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    c = shape[1]
+    x = (torch.randn(shape, generator=g, dtype=torch.float64) * scale + loc).to(dtype)
+    if layout == "nhwc":
+        x = x.contiguous(memory_format=torch.channels_last if len(shape) == 4 else torch.channels_last_3d)
+    x = x.to(DEV)
+    pdtype = pdtype or dtype
+    w = (torch.rand(c, generator=g, dtype=torch.float64) + 0.5).to(pdtype).to(DEV) if affine else None
+    b = (torch.randn(c, generator=g, dtype=torch.float64) * 0.3).to(pdtype).to(DEV) if affine else None
+    rm = (torch.randn(c, generator=g, dtype=torch.float64) * 0.1).to(pdtype).to(DEV)
+    rv = (torch.rand(c, generator=g, dtype=torch.float64) + 0.5).to(pdtype).to(DEV)
+    return x, w, b, rm, rv
+
+
+def close(actual, expected, dtype, scale=1.0, what=""):
+    atol, rtol = TOL[dtype]
+    actual = actual.double()
+    expected = expected.double()
+    err = (actual - expected).abs()
+    bound = atol * scale + rtol * expected.abs()
+    bad = err > bound
+    assert not bool(bad.any()), (
+        f"{what}: {int(bad.sum())} of {err.numel()} values off; max abs err {float(err.max()):.3e} "
+        f"(atol {atol * scale:.1e}, rtol {rtol:.1e})"
+    )
+
+
+SHAPES = [
+    (8, 16, 8, 8),  # vector path
+    (4, 3, 5, 7),  # odd H*W, scalar path
+    (2, 1, 8, 8),  # C = 1
+    (16, 24),  # 2-D (N, C)
+    (3, 5, 9),  # 3-D, odd
+    (2, 8, 3, 4, 6),  # 5-D
+    (4, 64, 7, 7),  # 7x7 planes, many channels
+    (2, 12, 64, 64),  # few channels, big planes (many blocks per channel)
+]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def layouts_for(shape):
+    return ["nchw", "nhwc"] if len(shape) in (4, 5) else ["nchw"]
+
+
+CASES = [(s, lay) for s in SHAPES for lay in layouts_for(s)]
+
+
+class TestBatchNorm:
+    @pytest.mark.parametrize("shape,layout", CASES, ids=[f"{s}-{lay}" for s, lay in CASES])
+    @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+    @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+    @pytest.mark.parametrize("activation", ["none", "relu"])
+    def test_forward_backward_vs_float64(self, shape, layout, dtype, training, activation):
+        x, w, b, rm, rv = make(shape, dtype, layout)
+        x.requires_grad_(True)
+        w.requires_grad_(True)
+        b.requires_grad_(True)
+        rm0, rv0 = rm.clone(), rv.clone()
+        out = ops.batch_norm(x, rm, rv, w, b, training, 0.1, 1e-5, activation)
+        assert out.shape == x.shape and out.dtype == x.dtype
+        if layout == "nhwc":
+            assert out.is_contiguous(
+                memory_format=torch.channels_last if x.dim() == 4 else torch.channels_last_3d
+            )
+
+        xr = x.detach().double().requires_grad_(True)
+        wr = w.detach().double().requires_grad_(True)
+        br = b.detach().double().requires_grad_(True)
+        ref, new_rm, new_rv = reference(xr, rm0, rv0, wr, br, training, 0.1, 1e-5, activation)
+        close(out, ref, dtype, what="output")
+        if training:
+            close(rm, new_rm, torch.float32 if dtype == torch.float32 else dtype, what="running_mean")
+            close(rv, new_rv, torch.float32 if dtype == torch.float32 else dtype, what="running_var")
+        else:
+            assert torch.equal(rm, rm0) and torch.equal(rv, rv0)
+
+        gy = torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).to(DEV)
+        out.backward(gy.to(dtype))
+        ref.backward(gy)
+        gscale = max(1.0, float(xr.grad.abs().max()))
+        close(x.grad, xr.grad, dtype, scale=gscale, what="grad_input")
+        # parameter grads are sums over N*HW values: scale the tolerance with sqrt(count)
+        pscale = math.sqrt(x.numel() / shape[1]) * max(1.0, float(wr.grad.abs().max()) / 10)
+        close(w.grad, wr.grad, dtype, scale=pscale, what="grad_weight")
+        close(b.grad, br.grad, dtype, scale=pscale, what="grad_bias")
+
+    @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+    @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+    def test_no_affine_and_float32_params_for_half(self, layout, training):
+        x, _, _, rm, rv = make((4, 8, 6, 6), torch.float16, layout, affine=False, pdtype=torch.float32)
+        rm0, rv0 = rm.clone(), rv.clone()
+        out = ops.batch_norm(x, rm, rv, None, None, training, 0.2, 1e-3)
+        ref, new_rm, new_rv = reference(x, rm0, rv0, None, None, training, 0.2, 1e-3, "none")
+        close(out, ref, torch.float16, what="output")
+        if training:
+            close(rm, new_rm, torch.float32, what="running_mean")
+            close(rv, new_rv, torch.float32, what="running_var")
+        # half input, float32 weight/bias
+        w = torch.rand(8, device=DEV) + 0.5
+        b = torch.randn(8, device=DEV)
+        out = ops.batch_norm(x, rm0.clone(), rv0.clone(), w, b, training, 0.1, 1e-5, "relu")
+        ref, _, _ = reference(x, rm0, rv0, w, b, training, 0.1, 1e-5, "relu")
+        close(out, ref, torch.float16, what="output (fp32 params)")
+
+    @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+    def test_large_mean_small_std_is_stable(self, layout):
+        # mean 1e4, std 1e-2 in float32: naive E[x^2] - E[x]^2 loses every digit.
+        x, w, b, rm, rv = make((8, 4, 32, 32), torch.float32, layout, loc=1e4, scale=1e-2)
+        rm0, rv0 = rm.clone(), rv.clone()
+        xg = x.clone().requires_grad_(True)
+        out = ops.batch_norm(xg, rm, rv, w, b, True, 0.1, 1e-5)
+        xr = x.double().requires_grad_(True)
+        ref, new_rm, new_rv = reference(xr, rm0, rv0, w, b, True, 0.1, 1e-5, "none")
+        close(out, ref, torch.float32, scale=5, what="output")
+        assert torch.allclose(rm.double(), new_rm, rtol=1e-6, atol=0)
+        assert torch.allclose(rv.double(), new_rv, rtol=1e-3, atol=1e-9)
+        gy = torch.randn_like(xr)
+        out.backward(gy.float())
+        ref.backward(gy)
+        close(xg.grad, xr.grad, torch.float32, scale=float(xr.grad.abs().max()) * 10, what="grad_input")
+
+    def test_non_contiguous_odd_strides_give_correct_result(self):
+        base = torch.randn(6, 10, 9, 11, device=DEV)
+        x = base[::2, 1::3, :, 2:]  # odd strides everywhere
+        assert not x.is_contiguous()
+        c = x.shape[1]
+        w, b = torch.rand(c, device=DEV) + 0.5, torch.randn(c, device=DEV)
+        rm, rv = torch.zeros(c, device=DEV), torch.ones(c, device=DEV)
+        out = ops.batch_norm(x, rm, rv, w, b, True, 0.1, 1e-5)
+        ref, _, _ = reference(x, torch.zeros(c, device=DEV), torch.ones(c, device=DEV), w, b, True, 0.1, 1e-5, "none")
+        close(out, ref, torch.float32, what="output")
+        # permuted (dense, not a standard layout)
+        xp = torch.randn(4, 6, 5, 3, device=DEV).permute(0, 3, 1, 2)
+        out = ops.batch_norm(xp, None, None, None, None, True, 0.1, 1e-5)
+        ref, _, _ = reference(xp, None, None, None, None, True, 0.1, 1e-5, "none")
+        close(out, ref, torch.float32, what="output (permuted)")
+
+    def test_grad_out_in_other_layout(self):
+        x, w, b, rm, rv = make((4, 16, 6, 6), torch.float32, "nhwc")
+        x.requires_grad_(True)
+        out = ops.batch_norm(x, rm, rv, w, b, True, 0.1, 1e-5)
+        gy = torch.randn(out.shape, device=DEV)  # NCHW while out is channels_last
+        (gx,) = torch.autograd.grad(out, x, gy)
+        xr = x.detach().double().requires_grad_(True)
+        ref, _, _ = reference(xr, rm, rv, w, b, True, 0.1, 1e-5, "none")
+        ref.backward(gy.double())
+        close(gx, xr.grad, torch.float32, what="grad_input")
+
+    def test_empty_batch_matches_torch(self):
+        for training in (True, False):
+            x = torch.randn(0, 4, 5, 5, device=DEV)
+            rm, rv = torch.randn(4, device=DEV), torch.rand(4, device=DEV) + 1
+            rm_t, rv_t = rm.clone(), rv.clone()
+            w = torch.rand(4, device=DEV, requires_grad=True)
+            b = torch.rand(4, device=DEV, requires_grad=True)
+            ours = ops.batch_norm(x, rm, rv, w, b, training, 0.1, 1e-5)
+            theirs = F.batch_norm(x, rm_t, rv_t, w, b, training, 0.1, 1e-5)
+            assert ours.shape == theirs.shape
+            assert torch.equal(rm, rm_t) and torch.equal(rv, rv_t)
+            ours.sum().backward()
+            assert w.grad is not None and torch.all(w.grad == 0)
+
+    def test_one_value_per_channel_raises_like_torch(self):
+        x = torch.randn(1, 4, 1, 1, device=DEV)
+        rm, rv = torch.zeros(4, device=DEV), torch.ones(4, device=DEV)
+        with pytest.raises(ValueError) as theirs:
+            F.batch_norm(x, rm, rv, training=True)
+        with pytest.raises(ValueError) as ours:
+            ops.batch_norm(x, rm, rv, training=True)
+        assert str(ours.value) == str(theirs.value)
+        # eval mode with one value is fine in both
+        close(
+            ops.batch_norm(x, rm, rv, training=False),
+            F.batch_norm(x, rm, rv, training=False).double(),
+            torch.float32,
+            what="eval output",
+        )
+
+    def test_one_value_per_channel_over_batch_ok(self):
+        # N=2, H=W=1: two values per channel, allowed in training.
+        x, w, b, rm, rv = make((2, 5, 1, 1), torch.float32, "nchw")
+        rm0, rv0 = rm.clone(), rv.clone()
+        out = ops.batch_norm(x, rm, rv, w, b, True, 0.1, 1e-5)
+        ref, new_rm, new_rv = reference(x, rm0, rv0, w, b, True, 0.1, 1e-5, "none")
+        close(out, ref, torch.float32, scale=10, what="output")
+        close(rv, new_rv, torch.float32, what="running_var")
+
+    def test_gradcheck_double(self):
+        for training in (True, False):
+            for activation in ("none", "relu"):
+                for layout in ("nchw", "nhwc"):
+                    x, w, b, rm, rv = make((3, 4, 3, 5), torch.float64, layout)
+                    x.requires_grad_(True)
+                    w.requires_grad_(True)
+                    b.requires_grad_(True)
+
+                    def fn(x, w, b):
+                        return ops.batch_norm(x, rm.clone(), rv.clone(), w, b, training, 0.1, 1e-5, activation)
+
+                    assert torch.autograd.gradcheck(fn, (x, w, b), eps=1e-6, atol=1e-5, rtol=1e-4)
+
+    def test_opcheck(self):
+        x, w, b, rm, rv = make((4, 8, 5, 5), torch.float32, "nchw")
+        xl, wl, bl, rml, rvl = make((4, 8, 6, 6), torch.float16, "nhwc", pdtype=torch.float32)
+        samples = [
+            (x.requires_grad_(True), w.requires_grad_(True), b, None, None, True, 1e-5, "relu"),
+            (x, w, b, rm, rv, False, 1e-5, "none"),
+            (xl, wl, bl, None, None, True, 1e-3, "none"),
+            (x, None, None, rm, rv, False, 1e-5, "relu"),
+        ]
+        for args in samples:
+            torch.library.opcheck(torch.ops.cudadoctor_ops.batch_norm.default, args)
+        out, sm, si, _ = torch.ops.cudadoctor_ops.batch_norm(x.detach(), w.detach(), b, None, None, True, 1e-5, "none")
+        torch.library.opcheck(
+            torch.ops.cudadoctor_ops.batch_norm_update_stats.default,
+            (rm.clone(), rv.clone(), sm, si, 0.1, 1e-5, 100),
+        )
+
+    def test_errors_name_the_bad_argument(self):
+        x = torch.randn(4, 3, 5, 5, device=DEV)
+        rm, rv = torch.zeros(3, device=DEV), torch.ones(3, device=DEV)
+        with pytest.raises(RuntimeError, match="weight is on cpu"):
+            ops.batch_norm(x, rm, rv, torch.ones(3), None, True)
+        with pytest.raises(RuntimeError, match="weight has dtype Half"):
+            ops.batch_norm(x, rm, rv, torch.ones(3, device=DEV, dtype=torch.half), None, True)
+        with pytest.raises(RuntimeError, match="bias must have shape \\[3\\]"):
+            ops.batch_norm(x, rm, rv, None, torch.ones(4, device=DEV), True)
+        with pytest.raises(RuntimeError, match="running_var must have shape \\[3\\]"):
+            ops.batch_norm(x, rm, torch.ones(3, 1, device=DEV), None, None, False)
+        with pytest.raises(RuntimeError, match="running_mean and running_var must be given"):
+            torch.ops.cudadoctor_ops.batch_norm(x, None, None, None, None, False, 1e-5, "none")
+        with pytest.raises(ValueError, match="CUDA tensors only"):
+            ops.batch_norm(x.cpu(), rm.cpu(), rv.cpu(), training=True)
+        with pytest.raises(ValueError, match="activation"):
+            ops.batch_norm(x, rm, rv, training=True, activation="gelu")
+        with pytest.raises(RuntimeError, match="input must be float32, float16, bfloat16"):
+            torch.ops.cudadoctor_ops.batch_norm(x.int(), None, None, None, None, True, 1e-5, "none")
+
+    @pytest.mark.skipif(
+        not torch.cuda.is_available() or torch.cuda.mem_get_info()[0] < 40 * 2**30,
+        reason="needs ~40 GiB of free GPU memory",
+    )
+    def test_64bit_indexing(self):
+        # 2 * 2 * (2^29 + 8) halfs > 2^31 elements: offsets past 2^31 must be right.
+        n = 2**29 + 8
+        x = torch.empty(2, 2, n, device=DEV, dtype=torch.float16)
+        x.normal_()
+        x[1, 1, -8:] = 3.0
+        rm, rv = torch.zeros(2, device=DEV), torch.ones(2, device=DEV)
+        out = ops.batch_norm(x, rm, rv, None, None, True, 0.1, 1e-5)
+        xs = x.float()
+        mean = xs.mean(dim=(0, 2))
+        var = xs.var(dim=(0, 2), unbiased=False)
+        del xs
+        expect_tail = ((3.0 - mean[1]) / torch.sqrt(var[1] + 1e-5)).item()
+        assert abs(out[1, 1, -1].item() - expect_tail) < 2e-2 * max(1.0, abs(expect_tail))
+        assert torch.allclose(rm, 0.1 * mean, rtol=1e-3, atol=1e-5)
+
+
+class TestModules:
+    @pytest.mark.parametrize(
+        "cls,torch_cls,shape",
+        [
+            ("BatchNorm1d", torch.nn.BatchNorm1d, (8, 6, 10)),
+            ("BatchNorm2d", torch.nn.BatchNorm2d, (8, 6, 5, 5)),
+            ("BatchNorm3d", torch.nn.BatchNorm3d, (4, 6, 3, 4, 5)),
+        ],
+    )
+    @pytest.mark.parametrize("momentum", [0.1, None])
+    def test_drop_in_for_torch_module(self, cls, torch_cls, shape, momentum):
+        ours = getattr(ops, cls)(6, momentum=momentum, activation="relu").to(DEV)
+        ref = torch_cls(6, momentum=momentum).to(DEV)
+        assert isinstance(ours, torch_cls)
+        assert ours.state_dict().keys() == ref.state_dict().keys()
+        with torch.no_grad():
+            ref.weight.uniform_(0.5, 1.5)
+            ref.bias.normal_()
+        ours.load_state_dict(ref.state_dict())
+        for _ in range(3):
+            x = torch.randn(shape, device=DEV)
+            close(ours(x), torch.relu(ref(x)).double(), torch.float32, what="train output")
+        for k, v in ref.state_dict().items():
+            close(ours.state_dict()[k], v.double(), torch.float32, what=k)
+        ours.eval()
+        ref.eval()
+        x = torch.randn(shape, device=DEV)
+        close(ours(x), torch.relu(ref(x)).double(), torch.float32, what="eval output")
+        assert "activation='relu'" in repr(ours)
+
+    def test_torch_compile_fullgraph(self):
+        torch.manual_seed(0)
+
+        def build():
+            torch.manual_seed(0)
+            return torch.nn.Sequential(
+                torch.nn.Conv2d(3, 16, 3, padding=1),
+                ops.BatchNorm2d(16, activation="relu"),
+                torch.nn.Conv2d(16, 8, 3, padding=1),
+                ops.BatchNorm2d(8),
+            ).to(DEV)
+
+        eager, compiled_src = build(), build()
+        try:
+            import triton  # noqa: F401
+
+            backend = "inductor"
+        except ImportError:
+            backend = "aot_eager"
+        compiled = torch.compile(compiled_src, fullgraph=True, backend=backend)
+        x = torch.randn(4, 3, 12, 12, device=DEV)
+        for _ in range(2):
+            ye = eager(x)
+            yc = compiled(x)
+            close(yc, ye.double(), torch.float32, what="compiled output")
+            ye.square().sum().backward()
+            yc.square().sum().backward()
+        for (name, pe), pc in zip(eager.named_parameters(), compiled_src.parameters()):
+            close(pc.grad, pe.grad.double(), torch.float32, scale=10, what=f"grad {name}")
+        for (name, be), bc in zip(eager.named_buffers(), compiled_src.buffers()):
+            close(bc, be.double(), torch.float32, what=f"buffer {name}")
+        eager.eval()
+        compiled_src.eval()
+        close(compiled(x), eager(x).double(), torch.float32, what="compiled eval output")
