@@ -4,6 +4,28 @@
 ``None`` or carries an ``"error"`` string. Anything that can hang or crash (importing torch,
 NVML, nvidia-smi) runs in a child process with a timeout. Sections run concurrently in threads;
 the torch child starts first because importing torch dominates the wall time.
+
+Fields beyond docs/facts-v1.md (all optional for readers):
+  host        distro_id, distro_version, proc_version, wsl_hints, container_hints, dev_dxg
+  driver      nvml_error, smi_error (verbatim texts), smi_path, source ("nvml"/"nvidia-smi"),
+              kernel_module_line, libcuda_details [{path, realpath, via, version}],
+              device_nodes (/dev/nvidia*), ldconfig_error. ``error`` is set only when some trace
+              of a driver exists (device node, kernel module, libcuda, /dev/dxg, nvidia-smi).
+  gpus[]      uuid, pci_bus_id, source ("nvml", "nvidia-smi" or "torch")
+  toolkits[]  realpath, exists, torch_would_use, nvcc_path, nvcc_wrapper_of, nvcc_output,
+              nvcc_error, targets (nvcc --list-gpu-arch), version_file, include_dirs,
+              headers_missing, headers_elsewhere {header: [paths]}; on the toolkit torch would use:
+              build_include_path and headers_unresolved (missing on that whole include path)
+  host_compiler  via, version_line, nvcc_ccbin (when CC is set), skipped
+  torch       probe_mode ("core"/"full"), probe_stage, probe_seconds, path, include_dirs, lib_dir,
+              library_paths (CUDA libraries the process mapped), device_count, devices
+              [{index, name, cc, kernel_ok, launch_error}], warnings, import_error_type,
+              import_traceback, site_dirs, hip, git_version
+  tools       paths
+  probe       seconds, root, errors (a probe that raised)
+
+Time bound: about max(torch_timeout, nvml_timeout + 3 * smi_timeout + 5, 2 * nvcc_timeout) plus
+two seconds, whatever the probed programs do (20 s with the defaults when only torch hangs).
 """
 
 from __future__ import annotations
