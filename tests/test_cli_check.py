@@ -195,3 +195,15 @@ def test_typer_path_matches_fast_path(capsys):
 
 def test_unknown_option_is_usage_error(tmp_path, capsys):
     assert main(["check", "--from", _write(tmp_path, facts()), "--bogus"]) == 2
+
+
+def test_probe_crash_is_a_paragraph(monkeypatch, capsys):
+    import cudadoctor.probes as probes
+
+    def boom(*a, **k):
+        raise RuntimeError("simulated probe bug")
+
+    monkeypatch.setattr(probes, "collect_facts", boom)
+    assert main(["check"]) == 2
+    err = capsys.readouterr().err
+    assert "simulated probe bug" in err and "Traceback" not in err

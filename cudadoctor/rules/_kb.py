@@ -306,6 +306,7 @@ def error_texts(f) -> str:
         f.get("torch.device_error"),
         f.get("torch.import_error"),
     ]
+    parts += [w for w in f.list("torch.warnings") if isinstance(w, str)]  # warnings torch printed on import
     return "\n".join(p for p in parts if isinstance(p, str)).lower()
 
 

@@ -89,6 +89,9 @@ def torch_no_kernel_image(f: Facts):
         bad = [(i, n, c) for i, n, c in gpus if not archs.runs_on(sass, ptx, c)[0]]
     dev_err = f.get("torch.device_error")
     said = isinstance(dev_err, str) and "no kernel image is available" in dev_err.lower()
+    warned = [w for w in f.list("torch.warnings") if isinstance(w, str) and _NO_KERNEL_TEXT[1] in w.lower()]
+    if warned and not said:
+        said, dev_err = True, warned[0]
     if not bad and not (said and not (sass or ptx)):
         return None
     if not bad and said:
@@ -97,12 +100,12 @@ def torch_no_kernel_image(f: Facts):
     ccs = [c for _, _, c in gpus]
     wf = wheel_fix(driver=driver_view(f), ccs=ccs, current_torch=cur)
     listing = " ".join(sass + ptx) or "unknown"
-    if bad:
+    if bad and (sass or ptx):
         who = ", ".join(f"gpus[{i}] {n or 'GPU'} (cc {c})" for i, n, c in bad)
         detail = (f"{who} cannot run torch {cur or ''}: torch.arch_list is {listing}, with no SASS of "
                   "that family at or below the GPU's capability and no PTX it could JIT-compile.")
     else:
-        detail = f"torch.device_error is {dev_err.strip()[:160]!r}."
+        detail = f"torch reported {dev_err.strip()[:200]!r} (torch.device_error / torch.warnings)."
     fix = wf or ["no official torch wheel covers this GPU with the installed driver: build torch from "
                  f'source with TORCH_CUDA_ARCH_LIST="{";".join(sorted(set(ccs))) or "<cc>"}"']
     return Finding(

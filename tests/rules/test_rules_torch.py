@@ -98,3 +98,14 @@ def test_device_error_without_arch_list():
 def test_odd_torch_versions_do_not_crash(version):
     f = facts(torch={"version": version, "cuda": "cu121"})
     assert "INTERNAL_RULE_ERROR" not in ids(f)
+
+
+def test_import_warning_without_arch_list():
+    f = facts(gpus=[{"index": 0, "name": "NVIDIA GeForce RTX 5090", "cc": "12.0"}],
+              driver={"cuda": "12.8", "version": "570.124.04", "kernel_module": "570.124.04"},
+              torch={"version": "2.6.0+cu126", "cuda": "12.6", "arch_list": None,
+                     "warnings": ["NVIDIA GeForce RTX 5090 with CUDA capability sm_120 is not compatible with "
+                                  "the current PyTorch installation."]})
+    fd = finding(f, "TORCH_NO_KERNEL_IMAGE")
+    assert "sm_120" in fd["detail"]
+    assert fd["fix"] == ["pip install torch==2.7.1 --index-url https://download.pytorch.org/whl/cu128"]
