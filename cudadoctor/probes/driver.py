@@ -194,8 +194,8 @@ def probe_driver(
     *,
     arch: str | None,
     python: str = sys.executable,
-    nvml_timeout: float = 8.0,
-    smi_timeout: float = 8.0,
+    nvml_timeout: float = 6.0,
+    smi_timeout: float = 5.0,
 ) -> tuple[dict, list[dict]]:
     """The driver section and the GPU list (NVML first, nvidia-smi when NVML gives none)."""
     nvml = query_nvml(runner, python, nvml_timeout, env)

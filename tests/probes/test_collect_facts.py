@@ -142,3 +142,21 @@ def test_this_machine_for_real():
     if not facts["driver"]["device_nodes"]:
         assert facts["gpus"] == []
         assert facts["torch"]["cuda_available"] in (False, None)
+
+
+def test_everything_hangs_within_the_stated_bound():
+    """torch hangs on import, NVML hangs in nvmlInit, nvidia-smi never returns: the snapshot still
+    comes back within max(torch_timeout + 2, nvml_timeout + 3 * smi_timeout + 7) seconds."""
+    from conftest import FAKES
+
+    env = dict(os.environ,
+               PATH=os.pathsep.join([str(FAKES / "bin_smi_hang"), os.environ.get("PATH", "")]),
+               PYTHONPATH=os.pathsep.join([str(FAKES / "torch_hang"), str(FAKES / "pynvml_hang")]))
+    t0 = time.monotonic()
+    facts = collect_facts(env=env, torch_timeout=3, nvml_timeout=2, smi_timeout=2)
+    elapsed = time.monotonic() - t0
+    assert elapsed < max(3 + 2, 2 + 3 * 2 + 7), elapsed
+    assert_spec_shape(facts)
+    assert facts["torch"]["import_error"] == "timed out after 3s while importing torch"
+    assert "timed out after 2s" in facts["driver"]["nvml_error"]
+    assert facts["driver"]["smi_error"] == "nvidia-smi: timed out after 2s"
