@@ -91,3 +91,22 @@ def test_never_crashes_on_arbitrary_facts(data, text):
     assert rep["status"] in ("ok", "warn", "fail")
     assert not [f for f in rep["findings"] if f["id"] == "INTERNAL_RULE_ERROR"], rep["findings"]
     json.dumps(rep)
+
+
+SCENARIOS = sorted((Path(__file__).parent / "fixtures" / "scenarios").glob("*.json"))
+
+
+def test_scenarios_survive_any_section_broken():
+    """Every scenario with any one section null, {}, [], a string, or deleted still gives a report."""
+    for path in SCENARIOS:
+        base = json.loads(path.read_text(encoding="utf-8"))["facts"]
+        for section in SECTIONS + ["error_text"]:
+            for bad in (None, {}, [], "garbage", 7, "__delete__"):
+                doc = dict(base)
+                if bad == "__delete__":
+                    doc.pop(section, None)
+                else:
+                    doc[section] = bad
+                rep = diagnose(doc)
+                internal = [f for f in rep["findings"] if f["id"] == "INTERNAL_RULE_ERROR"]
+                assert not internal, (path.name, section, bad, internal)

@@ -32,7 +32,7 @@ def _hidden_reason(value: str, gpus: list) -> str | None:
     return f"its first entry {first!r} is neither an index nor a GPU-/MIG- UUID"
 
 
-@rule("CUDA_VISIBLE_DEVICES_HIDES", severity="error", area="gpus", priority=15,
+@rule("CUDA_VISIBLE_DEVICES_HIDES", severity="error", area="gpus", priority=25,
       summary="CUDA_VISIBLE_DEVICES hides every GPU (empty, -1, bad index or UUID)")
 def cuda_visible_devices_hides(f: Facts):
     env = f.section("env")
