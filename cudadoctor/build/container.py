@@ -1,0 +1,146 @@
+"""Docker through the docker SDK (imported lazily: machines without it can still plan and build
+locally). One context manager per container; it always removes what it created, on success, on
+failure and on Ctrl-C, unless asked to keep it (``--keep-container`` / CUDADOCTOR_KEEP_CONTAINER=1).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+from cudadoctor.build.plan import LABEL
+from cudadoctor.errors import CudadoctorError
+
+RUN_LABEL = "org.cudadoctor.run"
+
+
+def _docker():
+    try:
+        import docker  # noqa: PLC0415 - optional dependency, imported on use
+    except ImportError as exc:
+        raise CudadoctorError(
+            "the Docker backend needs the `docker` Python package, which is not installed here "
+            f"({exc}).",
+            hint="Install it with `python3 -m pip install docker`, or build with --backend local.",
+        ) from exc
+    return docker
+
+
+def daemon_address(env: dict | None = None) -> str:
+    env = os.environ if env is None else env
+    return env.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
+def client(env: dict | None = None):
+    """A connected docker client; a daemon that does not answer is a one-paragraph error (exit 2)."""
+    docker = _docker()
+    where = daemon_address(env)
+    try:
+        c = docker.from_env(environment=env, timeout=600)
+        c.ping()
+    except Exception as exc:  # noqa: BLE001 - DockerException, requests errors, socket errors alike
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CudadoctorError(
+            f"no Docker daemon answered at {where} ({reason}).",
+            hint=(
+                "Start one (`sudo systemctl start docker`, or `sudo dockerd &` where there is no systemd), "
+                "check that your user may use it (`docker info`), or point DOCKER_HOST at a daemon that runs "
+                "(DOCKER_HOST=ssh://user@buildhost or tcp://host:2376); or build on this machine with "
+                "--backend local."
+            ),
+        ) from None
+    return c
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Treat SIGTERM like Ctrl-C while a container runs, so cleanup happens either way."""
+    def _raise(signum, frame):  # noqa: ARG001
+        raise KeyboardInterrupt
+
+    try:
+        old = signal.signal(signal.SIGTERM, _raise)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+class Container:
+    """A created (not yet started) container that is removed on exit from the ``with`` block."""
+
+    def __init__(self, docker_client, image: str, command: list[str], *, run_id: str, role: str,
+                 keep: bool = False, **kwargs: Any):
+        self.client = docker_client
+        self.image = image
+        self.command = command
+        self.run_id = run_id
+        self.role = role
+        self.keep = keep or os.environ.get("CUDADOCTOR_KEEP_CONTAINER") == "1"
+        self.kwargs = kwargs
+        self.container = None
+        self.name = f"cudadoctor-{role}-{run_id}"
+
+    def __enter__(self) -> "Container":
+        labels = {LABEL: self.role, RUN_LABEL: self.run_id, **self.kwargs.pop("labels", {})}
+        self.container = self.client.containers.create(
+            self.image, self.command, name=self.name, labels=labels, detach=True, **self.kwargs
+        )
+        return self
+
+    def start(self) -> None:
+        self.container.start()
+
+    def stream(self, on_line: Callable[[str], None]) -> int:
+        """Follow the output line by line until the container exits; returns its exit status."""
+        buf = b""
+        for chunk in self.container.logs(stream=True, follow=True, stdout=True, stderr=True):
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                on_line(line.decode("utf-8", "replace").rstrip("\r"))
+        if buf:
+            on_line(buf.decode("utf-8", "replace"))
+        status = self.container.wait()
+        return int(status.get("StatusCode", 1))
+
+    def commit(self, tag: str, changes: list[str]) -> str:
+        repo, _, t = tag.rpartition(":")
+        img = self.container.commit(repository=repo, tag=t, changes=changes,
+                                    message="cudadoctor build toolchain")
+        return img.id
+
+    def __exit__(self, *exc) -> None:
+        if self.container is None:
+            return
+        if self.keep:
+            return
+        # A second Ctrl-C during removal must not leave the container behind.
+        for _ in range(3):
+            try:
+                self.container.remove(force=True)
+                return
+            except KeyboardInterrupt:
+                continue
+            except Exception as err:  # noqa: BLE001
+                if "No such container" in str(err) or getattr(err, "status_code", None) == 404:
+                    return
+                if "already in progress" in str(err):
+                    return
+                raise
+
+
+def labelled_containers(docker_client, run_id: str | None = None) -> list:
+    """Containers (running or not) this tool created; only one run's when ``run_id`` is given."""
+    filters = {"label": [f"{RUN_LABEL}={run_id}"] if run_id else [LABEL]}
+    return docker_client.containers.list(all=True, filters=filters)
