@@ -6,6 +6,8 @@ import shutil
 import time
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from conftest import EXE, ScriptedRunner, recorded
 
 from cudadoctor.probes import SCHEMA, collect_facts
@@ -160,3 +162,23 @@ def test_everything_hangs_within_the_stated_bound():
     assert facts["torch"]["import_error"] == "timed out after 3s while importing torch"
     assert "timed out after 2s" in facts["driver"]["nvml_error"]
     assert facts["driver"]["smi_error"] == "nvidia-smi: timed out after 2s"
+
+
+_ENV_NAMES = ["CUDA_HOME", "CUDA_PATH", "PATH", "LD_LIBRARY_PATH", "CXX", "CUDAHOSTCXX", "CC", "CPATH",
+              "CONDA_PREFIX", "KUBERNETES_SERVICE_HOST", "container", "CUDA_INC_PATH", "CUDNN_HOME"]
+_VALUES = st.one_of(st.sampled_from(["", "/", ":", "::/usr/bin:", "/nonexistent", "relative/dir", "/usr/local/cuda/",
+                                     "g++ -std=c++17", "'unterminated", "/dev/null", "docker", "\x00x"]),
+                    st.text(max_size=20))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(env=st.dictionaries(st.sampled_from(_ENV_NAMES), _VALUES, max_size=8))
+def test_odd_environments_never_raise(tmp_path_factory, env):
+    root = tmp_path_factory.mktemp("odd")
+    (root / "usr/local/cuda-12.1/bin").mkdir(parents=True)
+    (root / "usr/local/cuda").symlink_to("cuda-12.1")
+    (root / "proc").mkdir()
+    (root / "proc/version").write_bytes(b"\xff\xfe garbage \x00")
+    facts = collect_facts(ScriptedRunner(), root=str(root), env=env, torch_mode="skip")
+    assert_spec_shape({**facts, "torch": dict.fromkeys(SPEC_KEYS["torch"])})
+    assert facts["probe"]["errors"] is None, facts["probe"]["errors"]
