@@ -170,7 +170,7 @@ def test_collect_uses_probes_and_redacts(tmp_path, monkeypatch, capsys):
 def test_check_from_is_fast():
     path = str(SCEN / "002-rtx5090d-torch26-cu126.json")
     best = 9.0
-    for _ in range(3):
+    for _ in range(5):  # best of five: the machine may be shared
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "-m", "cudadoctor", "check", "--from", path], capture_output=True,
                        cwd=str(HERE.parent), check=False)

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import re
+
 from cudadoctor.findings import Finding
 from cudadoctor.rules import Facts, rule
 from cudadoctor.rules._kb import gpus_present
 
 WSL_LIB = "/usr/lib/wsl/lib/"
+# messages of someone who expected a GPU to be usable here
+_GPU_TROUBLE = re.compile(
+    r"nvidia-smi|is_available|no cuda gpus|cuda-capable device|nvidia driver|cuda driver|libcuda|"
+    r"cudagetdevicecount|cuda initialization|nvml|no gpu", re.IGNORECASE)
 _VOID = ("void", "none", "")
 
 
@@ -61,7 +67,8 @@ def _gpu_intended(f: Facts) -> bool:
     or the user is diagnosing a GPU error. A plain CPU-only container gets NO_GPU instead."""
     if f.env("NVIDIA_VISIBLE_DEVICES") is not None:
         return True
-    return any(isinstance(f.get(p), str) and f.get(p).strip() for p in ("error_text", "torch.device_error"))
+    text = " ".join(str(f.get(p) or "") for p in ("error_text", "torch.device_error"))
+    return bool(_GPU_TROUBLE.search(text))
 
 
 def _run_hint(container: str) -> list[str]:

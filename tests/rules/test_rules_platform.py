@@ -113,3 +113,10 @@ def test_no_gpu_dropped_when_an_error_exists():
 
 def test_no_gpu_needs_probed_gpus():
     assert "NO_GPU" not in ids(facts(gpus=None, driver=None))
+
+
+def test_unrelated_error_text_is_no_gpu_intent():
+    f = facts(**NO_GPU_CONTAINER, error_text="error: #error -- unsupported GNU version!")
+    assert "CONTAINER_NO_GPU" not in ids(f)
+    g = facts(**NO_GPU_CONTAINER, error_text="bash: nvidia-smi: command not found")
+    assert ids(g)[0] == "CONTAINER_NO_GPU"
