@@ -9,6 +9,7 @@ from cudadoctor.rules import Facts, rule
 from cudadoctor.rules._kb import (
     build_toolkit,
     driver_view,
+    toolkits,
     error_texts,
     gpu_ccs,
     min_driver,
@@ -233,7 +234,15 @@ def toolkit_newer_than_driver(f: Facts):
         fix.append(f"upgrade the driver to >= {lin} (supports CUDA {nvcc})")
     if ccs:
         fix.append(f'export TORCH_CUDA_ARCH_LIST="{";".join(ccs)}"   (build SASS for the GPU, so no PTX JIT is needed)')
-    fix.append(f"or build with a CUDA {d.cuda} (or older) toolkit: export CUDA_HOME=/usr/local/cuda-{d.cuda}")
+    older = next((t for t in toolkits(f)[1:] if isinstance(t.get("root"), str)
+                  and (CudaVersion.parse(t.get("nvcc")) or nvcc) <= d.cuda), None)
+    if older is not None:
+        r = older["root"].rstrip("/")
+        fix.append(f"or build with the installed CUDA {CudaVersion.parse(older.get('nvcc'))} toolkit: "
+                   f"export CUDA_HOME={r} PATH={r}/bin:$PATH")
+    else:
+        fix.append(f"or build with a CUDA {d.cuda} (or older) toolkit: sudo apt-get install -y "
+                   f"cuda-toolkit-{d.cuda.major}-{d.cuda.minor} && export CUDA_HOME=/usr/local/cuda-{d.cuda}")
     return Finding(
         id="TOOLKIT_NEWER_THAN_DRIVER",
         severity="warning",
