@@ -113,7 +113,9 @@ def collect_facts(
     """
     started = time.monotonic()
     runner = runner if runner is not None else Runner()
-    env = dict(os.environ if env is None else env)
+    # a real process environment holds only str without NUL bytes; drop anything else up front
+    env = {k: v for k, v in (os.environ if env is None else env).items()
+           if isinstance(k, str) and isinstance(v, str) and "\x00" not in k and "\x00" not in v}
     fs = Root(root)
     errors: dict = {}
     facts: dict = {

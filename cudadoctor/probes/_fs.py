@@ -58,19 +58,22 @@ class Root:
     def listdir(self, path: str) -> list[str]:
         try:
             return sorted(os.listdir(self.host(path)))
-        except OSError:
+        except (OSError, ValueError):
             return []
 
     def glob(self, pattern: str) -> list[str]:
         try:
             return sorted(self.inner(p) for p in glob.glob(self.host(pattern)))
-        except OSError:
+        except (OSError, ValueError):
             return []
 
     def realpath(self, path: str) -> str:
         """Symlinks resolved inside the root (absolute links point into the root, as under chroot)."""
         if self.is_host:
-            return os.path.realpath(path)
+            try:
+                return os.path.realpath(path)
+            except (OSError, ValueError):
+                return path
         parts = [p for p in path.split("/") if p]
         resolved: list[str] = []
         hops = 0
@@ -88,7 +91,7 @@ class Root:
                 hops += 1
                 try:
                     target = os.readlink(host)
-                except OSError:
+                except (OSError, ValueError):
                     resolved.append(part)
                     continue
                 if target.startswith("/"):
@@ -100,7 +103,10 @@ class Root:
 
     def is_executable(self, path: str) -> bool:
         host = self.host(path)
-        return os.path.isfile(host) and os.access(host, os.X_OK)
+        try:
+            return os.path.isfile(host) and os.access(host, os.X_OK)
+        except (OSError, ValueError):  # ValueError: a NUL byte in a path from the environment
+            return False
 
     def which(self, name: str, path_var: str | None) -> str | None:
         """First executable ``name`` on ``path_var`` (a PATH string), spelled as inside the root."""
