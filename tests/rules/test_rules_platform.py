@@ -1,6 +1,6 @@
 """Platform rules: containers without GPUs or capabilities, WSL driver layout, NO_GPU."""
 
-from factsbuilder import DELETE, facts, finding, ids
+from factsbuilder import facts, finding, ids
 
 NO_GPU_CONTAINER = dict(
     host={"container": "docker"},
