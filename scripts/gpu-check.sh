@@ -14,7 +14,8 @@
 #   bench      python -m cudadoctor_ops.bench $BENCH_OPS -> bench.log (+ bench.json)
 # Environment: PYTHON (python3), OUT, MAX_JOBS (nproc), TORCH_CUDA_ARCH_LIST,
 #   TESTS (pytest targets, default tests/ops), SANITIZE_OPS / BENCH_OPS (default batch_norm),
-#   BENCH_ARGS (e.g. --quick), SECTION_TIMEOUT_<name> (seconds).
+#   SANITIZE_TOOLS (default: memcheck racecheck initcheck synccheck), BENCH_ARGS (e.g. --quick),
+#   SECTION_TIMEOUT_<name> (seconds; sanitizer: per tool).
 # Exit status: 0 when every section passed, 1 otherwise, 2 for an unknown section.
 set -uo pipefail
 
@@ -81,7 +82,7 @@ section_tests() {
   : >"$log"
   local t0=$SECONDS
   # shellcheck disable=SC2086
-  run_logged tests "$(limit_for tests 240)" "$log" "$PY" -m pytest ${TESTS:-tests/ops} -m "not compile" -q -rs -p no:cacheprovider
+  run_logged tests "$(limit_for tests 240)" "$log" "$PY" -m pytest ${TESTS:-tests/ops} -m "not compile" -q -rs --durations=12 -p no:cacheprovider
   local rc=$?
   local line
   line="$(grep -E '(passed|failed|error|skipped)' "$log" | tail -n 1 | sed 's/=//g' | cut -c1-140)"
@@ -104,7 +105,7 @@ section_sanitizer() {
   fi
   local ok=0 tool rc t0 errs details=""
   # shellcheck disable=SC2086
-  for tool in memcheck racecheck initcheck synccheck; do
+  for tool in ${SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}; do
     t0=$SECONDS
     echo "==== $tool ====" >>"$log"
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 run_logged "sanitizer-$tool" "$(limit_for sanitizer 100)" "$log" \

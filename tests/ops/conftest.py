@@ -33,19 +33,19 @@ def _import_ops():
     return None, str(first)
 
 
-def cuda_ops_or_skip():
-    """Returns the cudadoctor_ops module, or skips the calling test module with the reason."""
+@pytest.fixture(scope="session")
+def ops():
+    """The cudadoctor_ops module on a CUDA machine; skips with the reason otherwise."""
     try:
         import torch
     except ImportError:
-        pytest.skip("torch is not installed", allow_module_level=True)
+        pytest.skip("torch is not installed")
     if not torch.cuda.is_available():
-        pytest.skip("needs an NVIDIA GPU and a CUDA build of torch (none visible)", allow_module_level=True)
+        pytest.skip("needs an NVIDIA GPU and a CUDA build of torch (none visible)")
     mod, why = _import_ops()
     if mod is None:
         pytest.skip(
             "cudadoctor_ops is not built (pip install --no-build-isolation --no-deps ./opsrc, "
-            f"or build_ext --inplace in opsrc/): {why}",
-            allow_module_level=True,
+            f"or build_ext --inplace in opsrc/): {why}"
         )
     return mod

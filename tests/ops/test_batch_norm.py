@@ -6,14 +6,12 @@ import math
 
 import pytest
 
-from .conftest import cuda_ops_or_skip
+import torch
+import torch.nn.functional as F
 
+# every test takes the `ops` fixture (tests/ops/conftest.py): the cudadoctor_ops module, or a
+# skip with the reason when there is no CUDA GPU or no build
 pytestmark = pytest.mark.gpu
-
-ops = cuda_ops_or_skip()
-
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 DEV = "cuda"
 TOL = {  # (atol, rtol) for outputs / grads, relative to values of order 1
@@ -103,7 +101,7 @@ class TestBatchNorm:
     @pytest.mark.parametrize("dtype", DTYPES, ids=str)
     @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
     @pytest.mark.parametrize("activation", ["none", "relu"])
-    def test_forward_backward_vs_float64(self, shape, layout, dtype, training, activation):
+    def test_forward_backward_vs_float64(self, ops, shape, layout, dtype, training, activation):
         x, w, b, rm, rv = make(shape, dtype, layout)
         x.requires_grad_(True)
         w.requires_grad_(True)
@@ -139,7 +137,7 @@ class TestBatchNorm:
 
     @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
     @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
-    def test_no_affine_and_float32_params_for_half(self, layout, training):
+    def test_no_affine_and_float32_params_for_half(self, ops, layout, training):
         x, _, _, rm, rv = make((4, 8, 6, 6), torch.float16, layout, affine=False, pdtype=torch.float32)
         rm0, rv0 = rm.clone(), rv.clone()
         out = ops.batch_norm(x, rm, rv, None, None, training, 0.2, 1e-3)
@@ -156,7 +154,7 @@ class TestBatchNorm:
         close(out, ref, torch.float16, what="output (fp32 params)")
 
     @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
-    def test_large_mean_small_std_is_stable(self, layout):
+    def test_large_mean_small_std_is_stable(self, ops, layout):
         # mean 1e4, std 1e-2 in float32: naive E[x^2] - E[x]^2 loses every digit.
         x, w, b, rm, rv = make((8, 4, 32, 32), torch.float32, layout, loc=1e4, scale=1e-2)
         rm0, rv0 = rm.clone(), rv.clone()
@@ -172,7 +170,7 @@ class TestBatchNorm:
         ref.backward(gy)
         close(xg.grad, xr.grad, torch.float32, scale=float(xr.grad.abs().max()) * 10, what="grad_input")
 
-    def test_non_contiguous_odd_strides_give_correct_result(self):
+    def test_non_contiguous_odd_strides_give_correct_result(self, ops):
         base = torch.randn(6, 10, 9, 11, device=DEV)
         x = base[::2, 1::3, :, 2:]  # odd strides everywhere
         assert not x.is_contiguous()
@@ -188,7 +186,7 @@ class TestBatchNorm:
         ref, _, _ = reference(xp, None, None, None, None, True, 0.1, 1e-5, "none")
         close(out, ref, torch.float32, what="output (permuted)")
 
-    def test_grad_out_in_other_layout(self):
+    def test_grad_out_in_other_layout(self, ops):
         x, w, b, rm, rv = make((4, 16, 6, 6), torch.float32, "nhwc")
         x.requires_grad_(True)
         out = ops.batch_norm(x, rm, rv, w, b, True, 0.1, 1e-5)
@@ -199,7 +197,7 @@ class TestBatchNorm:
         ref.backward(gy.double())
         close(gx, xr.grad, torch.float32, what="grad_input")
 
-    def test_empty_batch_matches_torch(self):
+    def test_empty_batch_matches_torch(self, ops):
         for training in (True, False):
             x = torch.randn(0, 4, 5, 5, device=DEV)
             rm, rv = torch.randn(4, device=DEV), torch.rand(4, device=DEV) + 1
@@ -213,7 +211,7 @@ class TestBatchNorm:
             ours.sum().backward()
             assert w.grad is not None and torch.all(w.grad == 0)
 
-    def test_one_value_per_channel_raises_like_torch(self):
+    def test_one_value_per_channel_raises_like_torch(self, ops):
         x = torch.randn(1, 4, 1, 1, device=DEV)
         rm, rv = torch.zeros(4, device=DEV), torch.ones(4, device=DEV)
         with pytest.raises(ValueError) as theirs:
@@ -229,7 +227,7 @@ class TestBatchNorm:
             what="eval output",
         )
 
-    def test_one_value_per_channel_over_batch_ok(self):
+    def test_one_value_per_channel_over_batch_ok(self, ops):
         # N=2, H=W=1: two values per channel, allowed in training.
         x, w, b, rm, rv = make((2, 5, 1, 1), torch.float32, "nchw")
         rm0, rv0 = rm.clone(), rv.clone()
@@ -238,7 +236,7 @@ class TestBatchNorm:
         close(out, ref, torch.float32, scale=10, what="output")
         close(rv, new_rv, torch.float32, what="running_var")
 
-    def test_gradcheck_double(self):
+    def test_gradcheck_double(self, ops):
         for training in (True, False):
             for activation in ("none", "relu"):
                 for layout in ("nchw", "nhwc"):
@@ -252,7 +250,7 @@ class TestBatchNorm:
 
                     assert torch.autograd.gradcheck(fn, (x, w, b), eps=1e-6, atol=1e-5, rtol=1e-4)
 
-    def test_opcheck(self):
+    def test_opcheck(self, ops):
         x, w, b, rm, rv = make((4, 8, 5, 5), torch.float32, "nchw")
         xl, wl, bl, rml, rvl = make((4, 8, 6, 6), torch.float16, "nhwc", pdtype=torch.float32)
         samples = [
@@ -269,7 +267,7 @@ class TestBatchNorm:
             (rm.clone(), rv.clone(), sm, si, 0.1, 1e-5, 100),
         )
 
-    def test_errors_name_the_bad_argument(self):
+    def test_errors_name_the_bad_argument(self, ops):
         x = torch.randn(4, 3, 5, 5, device=DEV)
         rm, rv = torch.zeros(3, device=DEV), torch.ones(3, device=DEV)
         with pytest.raises(RuntimeError, match="weight is on cpu"):
@@ -293,7 +291,7 @@ class TestBatchNorm:
         not torch.cuda.is_available() or torch.cuda.mem_get_info()[0] < 40 * 2**30,
         reason="needs ~40 GiB of free GPU memory",
     )
-    def test_64bit_indexing(self):
+    def test_64bit_indexing(self, ops):
         # 2 * 2 * (2^29 + 8) halfs > 2^31 elements: offsets past 2^31 must be right.
         n = 2**29 + 8
         x = torch.empty(2, 2, n, device=DEV, dtype=torch.float16)
@@ -320,7 +318,7 @@ class TestModules:
         ],
     )
     @pytest.mark.parametrize("momentum", [0.1, None])
-    def test_drop_in_for_torch_module(self, cls, torch_cls, shape, momentum):
+    def test_drop_in_for_torch_module(self, ops, cls, torch_cls, shape, momentum):
         ours = getattr(ops, cls)(6, momentum=momentum, activation="relu").to(DEV)
         ref = torch_cls(6, momentum=momentum).to(DEV)
         assert isinstance(ours, torch_cls)
@@ -340,7 +338,7 @@ class TestModules:
         close(ours(x), torch.relu(ref(x)).double(), torch.float32, what="eval output")
         assert "activation='relu'" in repr(ours)
 
-    def test_torch_compile_fullgraph(self):
+    def test_torch_compile_fullgraph(self, ops):
         torch.manual_seed(0)
 
         def build():
