@@ -25,7 +25,10 @@ def probe_tools(runner: Runner, root: Root, env: Mapping[str, str], toolkit_root
     ninja = root.which("ninja", path_var)
     sanitizer = root.which("compute-sanitizer", path_var)
     if sanitizer is None:
-        for tk in toolkit_roots:
+        # a toolkit's bin/ is often not on PATH: look where the toolkit probe looks first
+        roots = list(toolkit_roots) + [env.get("CUDA_HOME") or "", env.get("CUDA_PATH") or "", "/usr/local/cuda"]
+        roots += sorted(root.glob("/usr/local/cuda-*"), reverse=True)
+        for tk in [r for r in roots if r.startswith("/")]:
             for cand in (os.path.join(tk, "bin", "compute-sanitizer"), os.path.join(tk, "compute-sanitizer", "compute-sanitizer")):
                 if root.is_executable(cand):
                     sanitizer = cand
