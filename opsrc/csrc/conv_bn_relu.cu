@@ -1,0 +1,1031 @@
+// Fused Conv2d -> BatchNorm2d -> ReLU (CBR).
+//
+// Training forward (conv_bn_relu_train):
+//   conv_out = conv(input, weight, conv_bias)            cuDNN through ATen (or the depthwise op)
+//   cbr_stats_*      per-channel Welford partials of conv_out, many blocks per channel
+//   cbr_finalize_fwd one warp per channel merges the partials: save_mean, save_invstd and the
+//                    apply coefficients (mean, gamma * invstd, beta)
+//   cbr_apply        ONE elementwise pass: y = relu((x - mean) * a + beta), and a bit-packed
+//                    ReLU mask (bit i of the mask = 1 when element i, in memory order, is > 0)
+// What backward needs: input and weight (for the convolution gradients), conv_out (x_hat is
+// recomputed from it with save_mean / save_invstd), and the mask: 1 bit per element instead of
+// the full-size BatchNorm or ReLU output.
+//
+// Training backward (conv_bn_relu_backward):
+//   cbr_reduce_*        per-channel partial sums of g = dy * mask and g * (x - mean)
+//   cbr_finalize_bwd    merges them: grad of BN weight / bias, elementwise coefficients
+//   cbr_grad_conv_out   ONE elementwise pass: dconv = g * k1 - k2 - (x - mean) * k3
+//   then the convolution's input / weight / bias gradients through ATen (or the depthwise ops).
+//
+// Inference (conv_bias_relu): the BatchNorm is folded into the weights on the Python side; this
+// op runs conv + bias + ReLU as one cuDNN call (at::cudnn_convolution_relu) or, where that is not
+// available, the convolution followed by one in-place bias + ReLU epilogue kernel.
+//
+// Layouts: conv_out is read in the layout the convolution produced, NCHW ([N, C, HW]) or NHWC
+// ([N*HW, C]); elementwise passes walk memory linearly in groups of 8 elements (one mask byte per
+// group). All element offsets are 64-bit.
+#include <ATen/Context.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/convolution.h>
+#include <ATen/ops/convolution_backward.h>
+#include <ATen/ops/cudnn_convolution_relu.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/library.h>
+
+#include <atomic>
+
+#include "batch_norm_common.cuh"
+
+namespace cudadoctor_ops {
+namespace cbr {
+namespace {
+
+using bn::Acc;
+using bn::kThreads;
+using bn::kUnroll;
+using bn::Layout;
+using bn::NchwWalk;
+using bn::Pack;
+
+constexpr int kGroup = 8;  // elements per mask byte
+
+template <typename T>
+struct alignas(16) Group {
+  T v[kGroup];
+};
+
+template <typename A>
+struct Coef4 {
+  A v[4];
+};
+
+// Where the element at memory offset `off` lives: its channel.
+struct ChannelOf {
+  int64_t C, HW;
+  bool nhwc;
+  __device__ __forceinline__ int64_t operator()(int64_t off) const {
+    return nhwc ? off % C : (off / HW) % C;
+  }
+};
+
+// ---------------------------------------------------------------- reductions
+
+template <typename A>
+__device__ __forceinline__ void welford_values(const A* vals, int V, A& mean, A& m2, A& n) {
+  if (V == 1) {
+    n += A(1);
+    const A d = vals[0] - mean;
+    mean += bn::fast_div(d, n);
+    m2 += d * (vals[0] - mean);
+    return;
+  }
+  A s = 0;
+  for (int i = 0; i < V; ++i) s += vals[i];
+  const A lm = s / A(V);
+  A lm2 = 0;
+  for (int i = 0; i < V; ++i) {
+    const A d = vals[i] - lm;
+    lm2 += d * d;
+  }
+  bn::welford_merge(mean, m2, n, lm, lm2, A(V));
+}
+
+// Block-wide Welford merge of a 1-D block; thread 0 gets the result.
+template <typename A>
+__device__ __forceinline__ void block_welford(A& mean, A& m2, A& n) {
+  bn::warp_welford(mean, m2, n);
+  __shared__ A sm[3][kThreads / 32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) {
+    sm[0][warp] = mean;
+    sm[1][warp] = m2;
+    sm[2][warp] = n;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const int nw = blockDim.x >> 5;
+    mean = lane < nw ? sm[0][lane] : A(0);
+    m2 = lane < nw ? sm[1][lane] : A(0);
+    n = lane < nw ? sm[2][lane] : A(0);
+    bn::warp_welford(mean, m2, n);
+  }
+}
+
+template <typename A>
+__device__ __forceinline__ void block_sum2(A& a, A& b) {
+  a = bn::warp_sum(a);
+  b = bn::warp_sum(b);
+  __shared__ A sm[2][kThreads / 32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) {
+    sm[0][warp] = a;
+    sm[1][warp] = b;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const int nw = blockDim.x >> 5;
+    a = lane < nw ? sm[0][lane] : A(0);
+    b = lane < nw ? sm[1][lane] : A(0);
+    a = bn::warp_sum(a);
+    b = bn::warp_sum(b);
+  }
+}
+
+// x: [N, C, HW]; grid (C, splits), block kThreads; ws [C, splits, 3] = (mean, M2, count).
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads)
+    cbr_stats_nchw(const T* __restrict__ x, typename Acc<T>::type* __restrict__ ws, int64_t N,
+                   int64_t C, int64_t HW) {
+  using A = typename Acc<T>::type;
+  const int64_t c = blockIdx.x;
+  const int splits = gridDim.y;
+  const int64_t packs = N * (HW / V);
+  const int64_t chunk = (packs + splits - 1) / splits;
+  const int64_t begin = blockIdx.y * chunk;
+  const int64_t end = begin + chunk < packs ? begin + chunk : packs;
+  const int64_t stride = blockDim.x;
+  A mean = 0, m2 = 0, n = 0;
+  int64_t j = begin + threadIdx.x;
+  if (j < end) {
+    NchwWalk w(j, stride, c, C, HW, V);
+    for (; j < end; j += kUnroll * stride) {
+      Pack<T, V> p[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (j + u * stride < end) p[u] = *reinterpret_cast<const Pack<T, V>*>(x + w.off);
+        w.advance();
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (j + u * stride < end) {
+          A vals[V];
+#pragma unroll
+          for (int i = 0; i < V; ++i) vals[i] = static_cast<A>(p[u].v[i]);
+          welford_values(vals, V, mean, m2, n);
+        }
+      }
+    }
+  }
+  block_welford(mean, m2, n);
+  if (threadIdx.x == 0) {
+    A* o = ws + (c * splits + blockIdx.y) * 3;
+    o[0] = mean;
+    o[1] = m2;
+    o[2] = n;
+  }
+}
+
+// x: [R, C], C contiguous; block (TX, TY), grid (ceil(C/V/TX), splits). A thread owns V
+// consecutive channels. Dynamic shared memory: TY * TX * V * 3 accumulators.
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads)
+    cbr_stats_nhwc(const T* __restrict__ x, typename Acc<T>::type* __restrict__ ws, int64_t R,
+                   int64_t C) {
+  using A = typename Acc<T>::type;
+  extern __shared__ unsigned char smem_raw[];
+  A* sm = reinterpret_cast<A*>(smem_raw);
+  const int64_t Cv = C / V;
+  const int64_t cv = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const bool active = cv < Cv;
+  const int splits = gridDim.y;
+  A mean[V], m2[V];
+  A n = 0;
+#pragma unroll
+  for (int i = 0; i < V; ++i) mean[i] = m2[i] = 0;
+  if (active) {
+    const int64_t rstride = int64_t(gridDim.y) * blockDim.y;
+    for (int64_t r = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; r < R;
+         r += kUnroll * rstride) {
+      Pack<T, V> p[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        if (r + u * rstride < R)
+          p[u] = *reinterpret_cast<const Pack<T, V>*>(x + (r + u * rstride) * C + cv * V);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (r + u * rstride < R) {
+          n += A(1);
+          const A f = bn::fast_div(A(1), n);
+#pragma unroll
+          for (int i = 0; i < V; ++i) {
+            const A v = static_cast<A>(p[u].v[i]);
+            const A d = v - mean[i];
+            mean[i] += d * f;
+            m2[i] += d * (v - mean[i]);
+          }
+        }
+      }
+    }
+  }
+  const int tx = threadIdx.x, TX = blockDim.x;
+  auto slot = [&](int ty, int i, int k) -> A& { return sm[((ty * TX + tx) * V + i) * 3 + k]; };
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    slot(threadIdx.y, i, 0) = mean[i];
+    slot(threadIdx.y, i, 1) = m2[i];
+    slot(threadIdx.y, i, 2) = n;
+  }
+  __syncthreads();
+  for (int s = blockDim.y >> 1; s > 0; s >>= 1) {
+    if (threadIdx.y < s) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        A a0 = slot(threadIdx.y, i, 0), a1 = slot(threadIdx.y, i, 1), a2 = slot(threadIdx.y, i, 2);
+        bn::welford_merge(a0, a1, a2, slot(threadIdx.y + s, i, 0), slot(threadIdx.y + s, i, 1),
+                          slot(threadIdx.y + s, i, 2));
+        slot(threadIdx.y, i, 0) = a0;
+        slot(threadIdx.y, i, 1) = a1;
+        slot(threadIdx.y, i, 2) = a2;
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.y == 0 && active) {
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      A* o = ws + ((cv * V + i) * splits + blockIdx.y) * 3;
+      o[0] = slot(0, i, 0);
+      o[1] = slot(0, i, 1);
+      o[2] = slot(0, i, 2);
+    }
+  }
+}
+
+// One warp per channel: merges the partials, writes save_mean, save_invstd and
+// coef[c] = (mean, gamma * invstd, beta, 0).
+template <typename A>
+__global__ void cbr_finalize_fwd(const A* __restrict__ ws, int splits, int64_t C, double eps,
+                                 const void* weight, int wkind, const void* bias, int bkind,
+                                 A* __restrict__ save_mean, A* __restrict__ save_invstd,
+                                 Coef4<A>* __restrict__ coef) {
+  const int lane = threadIdx.x & 31;
+  const int64_t c = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (c >= C) return;
+  A mean = 0, m2 = 0, n = 0;
+  for (int s = lane; s < splits; s += 32) {
+    const A* p = ws + (c * splits + s) * 3;
+    bn::welford_merge(mean, m2, n, p[0], p[1], p[2]);
+  }
+  bn::warp_welford(mean, m2, n);
+  if (lane != 0) return;
+  const A var = n > A(0) ? m2 / n : A(0);
+  const A invstd = bn::inv_sqrt(var + static_cast<A>(eps));
+  const A w = bn::load_param<A>(weight, wkind, c, A(1));
+  const A b = bn::load_param<A>(bias, bkind, c, A(0));
+  save_mean[c] = mean;
+  save_invstd[c] = invstd;
+  Coef4<A> k;
+  k.v[0] = mean;
+  k.v[1] = w * invstd;
+  k.v[2] = b;
+  k.v[3] = 0;
+  coef[c] = k;
+}
+
+// ---------------------------------------------------------------- elementwise passes
+
+template <typename T, typename A>
+__device__ __forceinline__ T bn_relu(T xv, const Coef4<A>& k, unsigned& bit) {
+  const A y = (static_cast<A>(xv) - k.v[0]) * k.v[1] + k.v[2];
+  const T yt = static_cast<T>(y);
+  const A yr = static_cast<A>(yt);
+  bit = yr > A(0) ? 1u : 0u;
+  return yr < A(0) ? T(0) : yt;  // NaN passes through like torch.relu
+}
+
+// Memory-linear pass over groups of 8 elements; one mask byte per group.
+// FAST: the channel row (HW in NCHW, C in NHWC) is a multiple of 8 and the pointers are
+// 16-byte aligned, so a group is one vector load and (NCHW) one channel.
+template <typename T, bool FAST>
+__global__ void __launch_bounds__(kThreads)
+    cbr_apply(const T* __restrict__ x, T* __restrict__ y, uint8_t* __restrict__ mask,
+              const Coef4<typename Acc<T>::type>* __restrict__ coef, int64_t numel, ChannelOf ch) {
+  using A = typename Acc<T>::type;
+  const int64_t groups = (numel + kGroup - 1) / kGroup;
+  for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < groups;
+       g += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t base = g * kGroup;
+    unsigned byte = 0;
+    if (FAST) {
+      const Group<T> in = *reinterpret_cast<const Group<T>*>(x + base);
+      Group<T> out;
+      if (ch.nhwc) {
+        const int64_t c0 = base % ch.C;
+#pragma unroll
+        for (int i = 0; i < kGroup; ++i) {
+          unsigned bit;
+          out.v[i] = bn_relu<T, A>(in.v[i], coef[c0 + i], bit);
+          byte |= bit << i;
+        }
+      } else {
+        const Coef4<A> k = coef[(base / ch.HW) % ch.C];
+#pragma unroll
+        for (int i = 0; i < kGroup; ++i) {
+          unsigned bit;
+          out.v[i] = bn_relu<T, A>(in.v[i], k, bit);
+          byte |= bit << i;
+        }
+      }
+      *reinterpret_cast<Group<T>*>(y + base) = out;
+    } else {
+      for (int i = 0; i < kGroup; ++i) {
+        const int64_t off = base + i;
+        if (off >= numel) break;
+        unsigned bit;
+        y[off] = bn_relu<T, A>(x[off], coef[ch(off)], bit);
+        byte |= bit << i;
+      }
+    }
+    mask[g] = static_cast<uint8_t>(byte);
+  }
+}
+
+// ---------------------------------------------------------------- backward reductions
+
+template <int V>
+__device__ __forceinline__ unsigned mask_bits(const uint8_t* __restrict__ mask, int64_t off) {
+  // V divides 8 and off is a multiple of V: the V bits sit in one byte.
+  return (static_cast<unsigned>(mask[off >> 3]) >> (off & 7)) & ((1u << V) - 1u);
+}
+
+// x, dy: [N, C, HW]; grid (C, splits); ws [C, splits, 2] = (sum g, sum g * (x - mean)).
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads)
+    cbr_reduce_nchw(const T* __restrict__ x, const T* __restrict__ dy,
+                    const uint8_t* __restrict__ mask,
+                    const typename Acc<T>::type* __restrict__ save_mean,
+                    typename Acc<T>::type* __restrict__ ws, int64_t N, int64_t C, int64_t HW) {
+  using A = typename Acc<T>::type;
+  const int64_t c = blockIdx.x;
+  const int splits = gridDim.y;
+  const int64_t packs = N * (HW / V);
+  const int64_t chunk = (packs + splits - 1) / splits;
+  const int64_t begin = blockIdx.y * chunk;
+  const int64_t end = begin + chunk < packs ? begin + chunk : packs;
+  const int64_t stride = blockDim.x;
+  const A mean = save_mean[c];
+  A sg = 0, sgx = 0;
+  int64_t j = begin + threadIdx.x;
+  if (j < end) {
+    NchwWalk w(j, stride, c, C, HW, V);
+    for (; j < end; j += kUnroll * stride) {
+      Pack<T, V> px[kUnroll], pd[kUnroll];
+      unsigned bits[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (j + u * stride < end) {
+          px[u] = *reinterpret_cast<const Pack<T, V>*>(x + w.off);
+          pd[u] = *reinterpret_cast<const Pack<T, V>*>(dy + w.off);
+          bits[u] = mask_bits<V>(mask, w.off);
+        }
+        w.advance();
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (j + u * stride < end) {
+#pragma unroll
+          for (int i = 0; i < V; ++i) {
+            const A g = ((bits[u] >> i) & 1u) ? static_cast<A>(pd[u].v[i]) : A(0);
+            sg += g;
+            sgx += g * (static_cast<A>(px[u].v[i]) - mean);
+          }
+        }
+      }
+    }
+  }
+  block_sum2(sg, sgx);
+  if (threadIdx.x == 0) {
+    A* o = ws + (c * splits + blockIdx.y) * 2;
+    o[0] = sg;
+    o[1] = sgx;
+  }
+}
+
+// x, dy: [R, C]; block (TX, TY), grid (ceil(C/V/TX), splits); smem TY * TX * V * 2.
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads)
+    cbr_reduce_nhwc(const T* __restrict__ x, const T* __restrict__ dy,
+                    const uint8_t* __restrict__ mask,
+                    const typename Acc<T>::type* __restrict__ save_mean,
+                    typename Acc<T>::type* __restrict__ ws, int64_t R, int64_t C) {
+  using A = typename Acc<T>::type;
+  extern __shared__ unsigned char smem_raw[];
+  A* sm = reinterpret_cast<A*>(smem_raw);
+  const int64_t Cv = C / V;
+  const int64_t cv = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const bool active = cv < Cv;
+  const int splits = gridDim.y;
+  A sg[V], sgx[V], mean[V];
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    sg[i] = sgx[i] = 0;
+    mean[i] = active ? save_mean[cv * V + i] : A(0);
+  }
+  if (active) {
+    const int64_t rstride = int64_t(gridDim.y) * blockDim.y;
+    for (int64_t r = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; r < R;
+         r += kUnroll * rstride) {
+      Pack<T, V> px[kUnroll], pd[kUnroll];
+      unsigned bits[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (r + u * rstride < R) {
+          const int64_t off = (r + u * rstride) * C + cv * V;
+          px[u] = *reinterpret_cast<const Pack<T, V>*>(x + off);
+          pd[u] = *reinterpret_cast<const Pack<T, V>*>(dy + off);
+          bits[u] = mask_bits<V>(mask, off);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (r + u * rstride < R) {
+#pragma unroll
+          for (int i = 0; i < V; ++i) {
+            const A g = ((bits[u] >> i) & 1u) ? static_cast<A>(pd[u].v[i]) : A(0);
+            sg[i] += g;
+            sgx[i] += g * (static_cast<A>(px[u].v[i]) - mean[i]);
+          }
+        }
+      }
+    }
+  }
+  const int tx = threadIdx.x, TX = blockDim.x;
+  auto slot = [&](int ty, int i, int k) -> A& { return sm[((ty * TX + tx) * V + i) * 2 + k]; };
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    slot(threadIdx.y, i, 0) = sg[i];
+    slot(threadIdx.y, i, 1) = sgx[i];
+  }
+  __syncthreads();
+  for (int s = blockDim.y >> 1; s > 0; s >>= 1) {
+    if (threadIdx.y < s) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        slot(threadIdx.y, i, 0) += slot(threadIdx.y + s, i, 0);
+        slot(threadIdx.y, i, 1) += slot(threadIdx.y + s, i, 1);
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.y == 0 && active) {
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      A* o = ws + ((cv * V + i) * splits + blockIdx.y) * 2;
+      o[0] = slot(0, i, 0);
+      o[1] = slot(0, i, 1);
+    }
+  }
+}
+
+// One warp per channel. grad_weight = sum(g * x_hat), grad_bias = sum(g);
+// coef[c] = (mean, k1, k2, k3) for dconv = g * k1 - k2 - (x - mean) * k3.
+template <typename A>
+__global__ void cbr_finalize_bwd(const A* __restrict__ ws, int splits, int64_t C, int64_t count,
+                                 const A* __restrict__ save_mean,
+                                 const A* __restrict__ save_invstd, const void* weight, int wkind,
+                                 void* grad_weight, void* grad_bias, int gkind,
+                                 Coef4<A>* __restrict__ coef) {
+  const int lane = threadIdx.x & 31;
+  const int64_t c = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (c >= C) return;
+  A sg = 0, sgx = 0;
+  for (int s = lane; s < splits; s += 32) {
+    sg += ws[(c * splits + s) * 2 + 0];
+    sgx += ws[(c * splits + s) * 2 + 1];
+  }
+  sg = bn::warp_sum(sg);
+  sgx = bn::warp_sum(sgx);
+  if (lane != 0) return;
+  const A invstd = save_invstd[c];
+  const A w = bn::load_param<A>(weight, wkind, c, A(1));
+  const A k1 = w * invstd;
+  const A inv_m = A(1) / static_cast<A>(count);
+  if (grad_weight != nullptr) bn::store_param<A>(grad_weight, gkind, c, sgx * invstd);
+  if (grad_bias != nullptr) bn::store_param<A>(grad_bias, gkind, c, sg);
+  Coef4<A> k;
+  k.v[0] = save_mean[c];
+  k.v[1] = k1;
+  k.v[2] = k1 * sg * inv_m;
+  k.v[3] = k1 * invstd * invstd * sgx * inv_m;
+  coef[c] = k;
+}
+
+template <typename T, typename A>
+__device__ __forceinline__ T dconv_value(T xv, T dyv, unsigned bit, const Coef4<A>& k) {
+  const A g = bit ? static_cast<A>(dyv) : A(0);
+  return static_cast<T>(g * k.v[1] - k.v[2] - (static_cast<A>(xv) - k.v[0]) * k.v[3]);
+}
+
+template <typename T, bool FAST>
+__global__ void __launch_bounds__(kThreads)
+    cbr_grad_conv_out(const T* __restrict__ x, const T* __restrict__ dy,
+                      const uint8_t* __restrict__ mask, T* __restrict__ dx,
+                      const Coef4<typename Acc<T>::type>* __restrict__ coef, int64_t numel,
+                      ChannelOf ch) {
+  using A = typename Acc<T>::type;
+  const int64_t groups = (numel + kGroup - 1) / kGroup;
+  for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < groups;
+       g += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t base = g * kGroup;
+    const unsigned byte = mask[g];
+    if (FAST) {
+      const Group<T> xin = *reinterpret_cast<const Group<T>*>(x + base);
+      const Group<T> din = *reinterpret_cast<const Group<T>*>(dy + base);
+      Group<T> out;
+      if (ch.nhwc) {
+        const int64_t c0 = base % ch.C;
+#pragma unroll
+        for (int i = 0; i < kGroup; ++i)
+          out.v[i] = dconv_value<T, A>(xin.v[i], din.v[i], (byte >> i) & 1u, coef[c0 + i]);
+      } else {
+        const Coef4<A> k = coef[(base / ch.HW) % ch.C];
+#pragma unroll
+        for (int i = 0; i < kGroup; ++i)
+          out.v[i] = dconv_value<T, A>(xin.v[i], din.v[i], (byte >> i) & 1u, k);
+      }
+      *reinterpret_cast<Group<T>*>(dx + base) = out;
+    } else {
+      for (int i = 0; i < kGroup; ++i) {
+        const int64_t off = base + i;
+        if (off >= numel) break;
+        dx[off] = dconv_value<T, A>(x[off], dy[off], (byte >> i) & 1u, coef[ch(off)]);
+      }
+    }
+  }
+}
+
+// In-place y = relu(y + bias[c]) (inference epilogue).
+template <typename T, bool FAST>
+__global__ void __launch_bounds__(kThreads)
+    cbr_bias_relu(T* __restrict__ y, const typename Acc<T>::type* __restrict__ bias,
+                  int64_t numel, ChannelOf ch) {
+  using A = typename Acc<T>::type;
+  const int64_t groups = (numel + kGroup - 1) / kGroup;
+  for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < groups;
+       g += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t base = g * kGroup;
+    if (FAST) {
+      Group<T> v = *reinterpret_cast<const Group<T>*>(y + base);
+      const int64_t c0 = ch.nhwc ? base % ch.C : (base / ch.HW) % ch.C;
+#pragma unroll
+      for (int i = 0; i < kGroup; ++i) {
+        const A b = bias ? bias[ch.nhwc ? c0 + i : c0] : A(0);
+        const A r = static_cast<A>(v.v[i]) + b;
+        v.v[i] = static_cast<T>(r < A(0) ? A(0) : r);
+      }
+      *reinterpret_cast<Group<T>*>(y + base) = v;
+    } else {
+      for (int i = 0; i < kGroup; ++i) {
+        const int64_t off = base + i;
+        if (off >= numel) break;
+        const A r = static_cast<A>(y[off]) + (bias ? bias[ch(off)] : A(0));
+        y[off] = static_cast<T>(r < A(0) ? A(0) : r);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- host helpers
+
+unsigned linear_blocks(int64_t numel, int device) {
+  const int64_t groups = (numel + kGroup - 1) / kGroup;
+  int64_t blocks = (groups + kThreads - 1) / kThreads;
+  const int64_t cap = int64_t(bn::sm_count(device)) * 16;
+  if (blocks > cap) blocks = cap;
+  if (blocks < 1) blocks = 1;
+  return static_cast<unsigned>(blocks);
+}
+
+bool fast_groups(const Layout& l, std::initializer_list<const void*> ptrs) {
+  const int64_t row = l.nhwc ? l.C : l.HW;
+  if (row % kGroup != 0) return false;
+  for (const void* p : ptrs)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
+
+ChannelOf channel_of(const Layout& l) {
+  ChannelOf ch;
+  ch.C = l.C;
+  ch.HW = l.HW;
+  ch.nhwc = l.nhwc;
+  return ch;
+}
+
+int64_t mask_bytes(int64_t numel) { return ((numel + 31) / 32) * 4; }
+
+std::array<int64_t, 2> pair_arg(at::IntArrayRef v, const char* op, const char* name) {
+  TORCH_CHECK(v.size() == 1 || v.size() == 2, op, ": ", name,
+              " must be an int or a pair of ints, got ", v.size(), " values");
+  return {v[0], v.size() == 2 ? v[1] : v[0]};
+}
+
+// A depthwise convolution the depthwise op handles (groups == C_in == C_out).
+bool use_depthwise(const at::Tensor& input, const at::Tensor& weight, int64_t groups) {
+  if (input.scalar_type() == at::kDouble) return false;
+  const int64_t C = input.size(1);
+  if (groups != C || C <= 1 || weight.size(0) != C || weight.size(1) != 1) return false;
+  static const bool registered =
+      c10::Dispatcher::singleton().findSchema({"cudadoctor_ops::depthwise_conv2d", ""}).has_value();
+  return registered;
+}
+
+void check_common(const char* op, const at::Tensor& input, const at::Tensor& weight,
+                  at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                  int64_t groups) {
+  TORCH_CHECK(input.is_cuda(), op, ": input must be a CUDA tensor, got device ", input.device());
+  TORCH_CHECK(input.dim() == 4, op, ": input must be 4-D (N, C, H, W), got sizes ",
+              input.sizes());
+  const auto st = input.scalar_type();
+  TORCH_CHECK(st == at::kFloat || st == at::kHalf || st == at::kBFloat16 || st == at::kDouble, op,
+              ": input must be float32, float16, bfloat16 or float64, got ", st);
+  TORCH_CHECK(weight.device() == input.device(), op, ": conv_weight is on ", weight.device(),
+              " but input is on ", input.device(), "; move both to the same CUDA device");
+  TORCH_CHECK(weight.scalar_type() == st, op, ": conv_weight has dtype ", weight.scalar_type(),
+              " but input has dtype ", st, "; they must match");
+  TORCH_CHECK(groups >= 1, op, ": groups must be >= 1, got ", groups);
+  TORCH_CHECK(weight.dim() == 4 && weight.size(0) % groups == 0 &&
+                  weight.size(1) * groups == input.size(1),
+              op, ": conv_weight must have shape [C_out, C_in / groups, kh, kw] with C_in = ",
+              input.size(1), " and groups = ", groups, ", got ", weight.sizes());
+  const auto s = pair_arg(stride, op, "stride");
+  const auto p = pair_arg(padding, op, "padding");
+  const auto d = pair_arg(dilation, op, "dilation");
+  TORCH_CHECK(s[0] > 0 && s[1] > 0, op, ": stride must be positive, got ", stride);
+  TORCH_CHECK(p[0] >= 0 && p[1] >= 0, op, ": padding must be >= 0, got ", padding);
+  TORCH_CHECK(d[0] > 0 && d[1] > 0, op, ": dilation must be positive, got ", dilation);
+}
+
+// The convolution of the fused op: the depthwise op for depthwise weights, else ATen
+// (cuDNN where torch uses it). Autocast is excluded: dtypes are decided by the caller.
+at::Tensor conv_forward(const at::Tensor& input, const at::Tensor& weight,
+                        const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                        at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKeySet(c10::DispatchKey::AutocastCUDA));
+  if (use_depthwise(input, weight, groups)) {
+    static auto op =
+        c10::Dispatcher::singleton()
+            .findSchemaOrThrow("cudadoctor_ops::depthwise_conv2d", "")
+            .typed<at::Tensor(const at::Tensor&, const at::Tensor&,
+                              const std::optional<at::Tensor>&, at::IntArrayRef, at::IntArrayRef,
+                              at::IntArrayRef, int64_t)>();
+    return op.call(input, weight, bias, stride, padding, dilation, 0);
+  }
+  const int64_t zero[2] = {0, 0};
+  return at::convolution(input, weight, bias, stride, padding, dilation, false,
+                         at::IntArrayRef(zero, 2), groups);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_backward(
+    const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight,
+    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
+    std::array<bool, 3> mask) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKeySet(c10::DispatchKey::AutocastCUDA));
+  if (use_depthwise(input, weight, groups)) {
+    at::Tensor gi, gw, gb;
+    if (mask[0]) {
+      static auto op_in =
+          c10::Dispatcher::singleton()
+              .findSchemaOrThrow("cudadoctor_ops::depthwise_conv2d_backward_input", "")
+              .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, int64_t)>();
+      gi = op_in.call(grad, input, weight, stride, padding, dilation, 0);
+    }
+    if (mask[1] || mask[2]) {
+      static auto op_w =
+          c10::Dispatcher::singleton()
+              .findSchemaOrThrow("cudadoctor_ops::depthwise_conv2d_backward_weight", "")
+              .typed<std::tuple<at::Tensor, at::Tensor>(
+                  const at::Tensor&, const at::Tensor&, const at::Tensor&, at::IntArrayRef,
+                  at::IntArrayRef, at::IntArrayRef, bool, int64_t)>();
+      auto r = op_w.call(grad, input, weight, stride, padding, dilation, mask[2], 0);
+      if (mask[1]) gw = std::get<0>(r);
+      if (mask[2]) gb = std::get<1>(r);
+    }
+    return {gi, gw, gb};
+  }
+  const int64_t zero[2] = {0, 0};
+  const int64_t bias_size[1] = {weight.size(0)};
+  return at::convolution_backward(grad, input, weight, at::IntArrayRef(bias_size, 1), stride,
+                                  padding, dilation, false, at::IntArrayRef(zero, 2), groups,
+                                  mask);
+}
+
+void check_bn_param(const char* op, const std::optional<at::Tensor>& t, const char* name,
+                    const at::Tensor& conv_out) {
+  if (!t.has_value() || !t->defined()) return;
+  const int64_t C = conv_out.size(1);
+  TORCH_CHECK(t->device() == conv_out.device(), op, ": ", name, " is on ", t->device(),
+              " but input is on ", conv_out.device());
+  TORCH_CHECK(t->dim() == 1 && t->size(0) == C, op, ": ", name, " must have shape [", C,
+              "] (one value per output channel of the convolution), got ", t->sizes());
+  const auto st = conv_out.scalar_type();
+  const bool low = st == at::kHalf || st == at::kBFloat16;
+  TORCH_CHECK(t->scalar_type() == st || (low && t->scalar_type() == at::kFloat), op, ": ", name,
+              " has dtype ", t->scalar_type(), " but input has dtype ", st, "; it must have the "
+              "input's dtype", (low ? " or float32" : ""));
+}
+
+// Grid of the per-channel reduction kernels.
+struct RedGrid {
+  dim3 grid, block;
+  int splits;
+  size_t smem_per_acc;  // bytes per accumulator slot set (NHWC), times accumulators
+};
+
+template <typename T, int V>
+void stats_and_apply(const Layout& l, const at::Tensor& out, const at::Tensor& mask, double eps,
+                     const at::Tensor& w, const at::Tensor& b, const at::Tensor& save_mean,
+                     const at::Tensor& save_invstd) {
+  using A = typename Acc<T>::type;
+  const int device = l.x.get_device();
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  const T* x = l.x.data_ptr<T>();
+  const int64_t R = l.N * l.HW;
+  int splits;
+  at::Tensor ws;
+  if (l.nhwc) {
+    bn::NhwcGrid g = bn::nhwc_grid(l.C / V, R, device);
+    splits = g.splits;
+    ws = at::empty({l.C * splits * 3}, save_mean.options());
+    const size_t smem = size_t(g.block.x) * g.block.y * V * 3 * sizeof(A);
+    cbr_stats_nhwc<T, V><<<g.grid, g.block, smem, stream>>>(x, ws.data_ptr<A>(), R, l.C);
+  } else {
+    splits = bn::nchw_splits(l.C, l.N * (l.HW / V), device);
+    ws = at::empty({l.C * splits * 3}, save_mean.options());
+    cbr_stats_nchw<T, V><<<dim3(unsigned(l.C), unsigned(splits)), kThreads, 0, stream>>>(
+        x, ws.data_ptr<A>(), l.N, l.C, l.HW);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  at::Tensor coef = at::empty({l.C * 4}, save_mean.options());
+  auto* cp = reinterpret_cast<Coef4<A>*>(coef.data_ptr<A>());
+  {
+    const int warps = 8;
+    const unsigned fgrid = static_cast<unsigned>((l.C + warps - 1) / warps);
+    cbr_finalize_fwd<A><<<fgrid, warps * 32, 0, stream>>>(
+        ws.data_ptr<A>(), splits, l.C, eps, bn::param_ptr(w), bn::param_kind(w),
+        bn::param_ptr(b), bn::param_kind(b), save_mean.data_ptr<A>(), save_invstd.data_ptr<A>(),
+        cp);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  const int64_t numel = l.x.numel();
+  const unsigned blocks = linear_blocks(numel, device);
+  uint8_t* mp = mask.data_ptr<uint8_t>();
+  if (fast_groups(l, {x, out.data_ptr()})) {
+    cbr_apply<T, true><<<blocks, kThreads, 0, stream>>>(x, out.data_ptr<T>(), mp, cp, numel,
+                                                        channel_of(l));
+  } else {
+    cbr_apply<T, false><<<blocks, kThreads, 0, stream>>>(x, out.data_ptr<T>(), mp, cp, numel,
+                                                         channel_of(l));
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T, int V>
+void grad_conv_out(const Layout& l, const at::Tensor& dy, const at::Tensor& mask,
+                   const at::Tensor& dx, const at::Tensor& save_mean,
+                   const at::Tensor& save_invstd, const at::Tensor& w, const at::Tensor& gw,
+                   const at::Tensor& gb) {
+  using A = typename Acc<T>::type;
+  const int device = l.x.get_device();
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  const T* x = l.x.data_ptr<T>();
+  const T* d = dy.data_ptr<T>();
+  const uint8_t* mp = mask.data_ptr<uint8_t>();
+  const A* sm = save_mean.data_ptr<A>();
+  const int64_t R = l.N * l.HW;
+  int splits;
+  at::Tensor ws;
+  if (l.nhwc) {
+    bn::NhwcGrid g = bn::nhwc_grid(l.C / V, R, device);
+    splits = g.splits;
+    ws = at::empty({l.C * splits * 2}, save_mean.options());
+    const size_t smem = size_t(g.block.x) * g.block.y * V * 2 * sizeof(A);
+    cbr_reduce_nhwc<T, V><<<g.grid, g.block, smem, stream>>>(x, d, mp, sm, ws.data_ptr<A>(), R,
+                                                              l.C);
+  } else {
+    splits = bn::nchw_splits(l.C, l.N * (l.HW / V), device);
+    ws = at::empty({l.C * splits * 2}, save_mean.options());
+    cbr_reduce_nchw<T, V><<<dim3(unsigned(l.C), unsigned(splits)), kThreads, 0, stream>>>(
+        x, d, mp, sm, ws.data_ptr<A>(), l.N, l.C, l.HW);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  at::Tensor coef = at::empty({l.C * 4}, save_mean.options());
+  auto* cp = reinterpret_cast<Coef4<A>*>(coef.data_ptr<A>());
+  {
+    const int warps = 8;
+    const unsigned fgrid = static_cast<unsigned>((l.C + warps - 1) / warps);
+    const int gkind = gw.defined() ? bn::param_kind(gw) : bn::param_kind(gb);
+    cbr_finalize_bwd<A><<<fgrid, warps * 32, 0, stream>>>(
+        ws.data_ptr<A>(), splits, l.C, R, sm, save_invstd.data_ptr<A>(), bn::param_ptr(w),
+        bn::param_kind(w), gw.defined() ? gw.data_ptr() : nullptr,
+        gb.defined() ? gb.data_ptr() : nullptr, gkind, cp);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  if (!dx.defined()) return;
+  const int64_t numel = l.x.numel();
+  const unsigned blocks = linear_blocks(numel, device);
+  if (fast_groups(l, {x, d, dx.data_ptr()})) {
+    cbr_grad_conv_out<T, true><<<blocks, kThreads, 0, stream>>>(x, d, mp, dx.data_ptr<T>(), cp,
+                                                                numel, channel_of(l));
+  } else {
+    cbr_grad_conv_out<T, false><<<blocks, kThreads, 0, stream>>>(x, d, mp, dx.data_ptr<T>(), cp,
+                                                                 numel, channel_of(l));
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// ---------------------------------------------------------------- ops
+
+// -> (out, conv_out, save_mean, save_invstd, mask)
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_bn_relu_train_cuda(
+    const at::Tensor& input, const at::Tensor& conv_weight,
+    const std::optional<at::Tensor>& conv_bias, const std::optional<at::Tensor>& bn_weight,
+    const std::optional<at::Tensor>& bn_bias, double eps, at::IntArrayRef stride,
+    at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups) {
+  constexpr const char* op = "cudadoctor_ops.conv_bn_relu";
+  check_common(op, input, conv_weight, stride, padding, dilation, groups);
+  if (conv_bias.has_value() && conv_bias->defined()) {
+    TORCH_CHECK(conv_bias->dim() == 1 && conv_bias->size(0) == conv_weight.size(0), op,
+                ": conv_bias must have shape [", conv_weight.size(0), "], got ",
+                conv_bias->sizes());
+    TORCH_CHECK(conv_bias->scalar_type() == input.scalar_type() &&
+                    conv_bias->device() == input.device(),
+                op, ": conv_bias must have the input's dtype and device, got ",
+                conv_bias->scalar_type(), " on ", conv_bias->device());
+  }
+  TORCH_CHECK(eps >= 0, op, ": eps must be >= 0, got ", eps);
+  c10::cuda::CUDAGuard guard(input.device());
+  at::Tensor conv_out = conv_forward(input, conv_weight, conv_bias, stride, padding, dilation,
+                                     groups);
+  check_bn_param(op, bn_weight, "bn_weight", conv_out);
+  check_bn_param(op, bn_bias, "bn_bias", conv_out);
+  Layout l = bn::make_layout(conv_out);
+  conv_out = l.x;
+  const auto acc_type = input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const auto acc_opts = input.options().dtype(acc_type);
+  const int64_t C = l.C;
+  at::Tensor out = at::empty_like(l.x);
+  at::Tensor save_mean = at::empty({C}, acc_opts);
+  at::Tensor save_invstd = at::empty({C}, acc_opts);
+  at::Tensor mask = at::empty({mask_bytes(l.x.numel())}, input.options().dtype(at::kByte));
+  const int64_t per_channel = l.N * l.HW;
+  TORCH_CHECK(per_channel > 1 || l.x.numel() == 0, op,
+              ": expected more than 1 value per channel when training, got conv output size ",
+              l.x.sizes());
+  if (l.x.numel() == 0) {
+    save_mean.zero_();
+    save_invstd.zero_();
+    mask.zero_();
+    return {out, conv_out, save_mean, save_invstd, mask};
+  }
+  const at::Tensor w = bn::contig_param(bn_weight), b = bn::contig_param(bn_bias);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, l.x.scalar_type(), "cbr_fwd", [&] {
+    constexpr int VW = 16 / sizeof(scalar_t);
+    if (bn::vec_width<scalar_t>(l, {l.x.data_ptr()}) == VW) {
+      stats_and_apply<scalar_t, VW>(l, out, mask, eps, w, b, save_mean, save_invstd);
+    } else {
+      stats_and_apply<scalar_t, 1>(l, out, mask, eps, w, b, save_mean, save_invstd);
+    }
+  });
+  return {out, conv_out, save_mean, save_invstd, mask};
+}
+
+// -> (grad_input, grad_conv_weight, grad_conv_bias, grad_bn_weight, grad_bn_bias); entries whose
+// output_mask is false are empty tensors of shape [0].
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+conv_bn_relu_backward_cuda(const at::Tensor& grad_out, const at::Tensor& input,
+                           const at::Tensor& conv_weight, const at::Tensor& conv_out,
+                           const std::optional<at::Tensor>& bn_weight,
+                           const at::Tensor& save_mean, const at::Tensor& save_invstd,
+                           const at::Tensor& mask, at::IntArrayRef stride,
+                           at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
+                           std::array<bool, 5> output_mask) {
+  constexpr const char* op = "cudadoctor_ops.conv_bn_relu_backward";
+  check_common(op, input, conv_weight, stride, padding, dilation, groups);
+  TORCH_CHECK(grad_out.sizes() == conv_out.sizes() &&
+                  grad_out.scalar_type() == conv_out.scalar_type() &&
+                  grad_out.device() == conv_out.device(),
+              op, ": grad_out must match the forward output (", conv_out.sizes(), ", ",
+              conv_out.scalar_type(), "), got ", grad_out.sizes(), ", ", grad_out.scalar_type());
+  const auto acc_type = input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  TORCH_CHECK(save_mean.scalar_type() == acc_type && save_invstd.scalar_type() == acc_type &&
+                  save_mean.numel() == conv_out.size(1) && save_invstd.numel() == conv_out.size(1),
+              op, ": save_mean / save_invstd must be [C] tensors of dtype ", acc_type,
+              " as returned by conv_bn_relu_train");
+  TORCH_CHECK(mask.scalar_type() == at::kByte && mask.numel() >= mask_bytes(conv_out.numel()),
+              op, ": mask must be the uint8 mask returned by conv_bn_relu_train");
+  check_bn_param(op, bn_weight, "bn_weight", conv_out);
+  c10::cuda::CUDAGuard guard(input.device());
+  Layout l = bn::make_layout(conv_out);
+  TORCH_CHECK(l.x.is_same(conv_out), op,
+              ": conv_out must be contiguous or channels_last as returned by conv_bn_relu_train");
+  const at::Tensor dy = bn::like_layout(grad_out, l);
+  const int64_t C = l.C;
+  const bool need_conv_grad = output_mask[0] || output_mask[1] || output_mask[2];
+  at::Tensor w = bn::contig_param(bn_weight);
+  const auto pdtype = w.defined() ? w.scalar_type() : acc_type;
+  at::Tensor gw = output_mask[3] ? at::empty({C}, save_mean.options().dtype(pdtype)) : at::Tensor();
+  at::Tensor gb = output_mask[4] ? at::empty({C}, save_mean.options().dtype(pdtype)) : at::Tensor();
+  at::Tensor dconv = need_conv_grad ? at::empty_like(l.x) : at::Tensor();
+  if (l.x.numel() == 0) {
+    if (gw.defined()) gw.zero_();
+    if (gb.defined()) gb.zero_();
+    if (dconv.defined()) dconv.zero_();
+  } else if (need_conv_grad || gw.defined() || gb.defined()) {
+    const at::Tensor sm = save_mean.contiguous(), si = save_invstd.contiguous();
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, l.x.scalar_type(), "cbr_bwd", [&] {
+      constexpr int VW = 16 / sizeof(scalar_t);
+      if (bn::vec_width<scalar_t>(l, {l.x.data_ptr(), dy.data_ptr()}) == VW) {
+        grad_conv_out<scalar_t, VW>(l, dy, mask, dconv, sm, si, w, gw, gb);
+      } else {
+        grad_conv_out<scalar_t, 1>(l, dy, mask, dconv, sm, si, w, gw, gb);
+      }
+    });
+  }
+  at::Tensor gi, gcw, gcb;
+  if (need_conv_grad) {
+    auto r = conv_backward(dconv, input, conv_weight, stride, padding, dilation, groups,
+                           {output_mask[0], output_mask[1], output_mask[2]});
+    gi = std::get<0>(r);
+    gcw = std::get<1>(r);
+    gcb = std::get<2>(r);
+  }
+  auto or_empty = [&](const at::Tensor& t) {
+    return t.defined() ? t : at::empty({0}, input.options());
+  };
+  return {or_empty(gi), or_empty(gcw), or_empty(gcb), or_empty(gw), or_empty(gb)};
+}
+
+std::atomic<bool> g_cudnn_relu_failed{false};
+
+// Inference: relu(conv(input, weight) + bias), one cuDNN launch where it can (impl 0), else the
+// convolution and one in-place bias + ReLU epilogue (impl 1, and always for float64).
+at::Tensor conv_bias_relu_cuda(const at::Tensor& input, const at::Tensor& weight,
+                               const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                               at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
+                               int64_t impl) {
+  constexpr const char* op = "cudadoctor_ops.conv_bias_relu";
+  check_common(op, input, weight, stride, padding, dilation, groups);
+  TORCH_CHECK(impl == 0 || impl == 1, op, ": impl must be 0 (auto) or 1 (epilogue kernel), got ",
+              impl);
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (has_bias) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0), op,
+                ": bias must have shape [", weight.size(0), "], got ", bias->sizes());
+    TORCH_CHECK(bias->device() == input.device(), op, ": bias is on ", bias->device(),
+                " but input is on ", input.device());
+    TORCH_CHECK(bias->scalar_type() == input.scalar_type() ||
+                    bias->scalar_type() == at::kFloat,
+                op, ": bias must have the input's dtype or float32, got ", bias->scalar_type());
+  }
+  c10::cuda::CUDAGuard guard(input.device());
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKeySet(c10::DispatchKey::AutocastCUDA));
+  const auto st = input.scalar_type();
+  if (impl == 0 && st != at::kDouble && at::globalContext().userEnabledCuDNN() &&
+      !use_depthwise(input, weight, groups) && !g_cudnn_relu_failed.load()) {
+    try {
+      std::optional<at::Tensor> b;
+      if (has_bias) b = bias->scalar_type() == st ? *bias : bias->to(st);
+      return at::cudnn_convolution_relu(input, weight, b, stride, padding, dilation, groups);
+    } catch (const c10::Error&) {
+      // this cuDNN has no fused engine for it: use the epilogue path from now on
+      g_cudnn_relu_failed.store(true);
+    }
+  }
+  at::Tensor y = conv_forward(input, weight, std::nullopt, stride, padding, dilation, groups);
+  Layout l = bn::make_layout(y);
+  y = l.x;
+  if (y.numel() == 0) return y;
+  const auto acc_type = st == at::kDouble ? at::kDouble : at::kFloat;
+  const at::Tensor bacc = has_bias ? bias->to(acc_type).contiguous() : at::Tensor();
+  const int device = y.get_device();
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  const unsigned blocks = linear_blocks(y.numel(), device);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, st, "cbr_bias_relu", [&] {
+    using acc_t = typename Acc<scalar_t>::type;
+    const acc_t* bp = has_bias ? bacc.data_ptr<acc_t>() : nullptr;
+    if (fast_groups(l, {y.data_ptr()})) {
+      cbr_bias_relu<scalar_t, true><<<blocks, kThreads, 0, stream>>>(
+          y.data_ptr<scalar_t>(), bp, y.numel(), channel_of(l));
+    } else {
+      cbr_bias_relu<scalar_t, false><<<blocks, kThreads, 0, stream>>>(
+          y.data_ptr<scalar_t>(), bp, y.numel(), channel_of(l));
+    }
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return y;
+}
+
+}  // namespace
+}  // namespace cbr
+}  // namespace cudadoctor_ops
+
+TORCH_LIBRARY_IMPL(cudadoctor_ops, CUDA, m) {
+  m.impl("conv_bn_relu_train", &cudadoctor_ops::cbr::conv_bn_relu_train_cuda);
+  m.impl("conv_bn_relu_backward", &cudadoctor_ops::cbr::conv_bn_relu_backward_cuda);
+  m.impl("conv_bias_relu", &cudadoctor_ops::cbr::conv_bias_relu_cuda);
+}
