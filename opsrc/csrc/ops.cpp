@@ -55,5 +55,27 @@ TORCH_LIBRARY(cudadoctor_ops, m) {
       "int[2] stride, int[2] padding, int[2] dilation, bool bias_grad, int impl=0) "
       "-> (Tensor, Tensor)");
 
+  // ---- Fused Conv2d + BatchNorm2d + ReLU (csrc/conv_bn_relu.cu, cudadoctor_ops/conv_bn_relu.py) ----
+  // Training forward: conv (cuDNN via ATen, or depthwise_conv2d), batch statistics and one
+  // fused BN + ReLU pass. Returns (out, conv_out, save_mean, save_invstd, mask): mask holds one
+  // bit per element of out (memory order) set where out > 0. Running stats: see
+  // batch_norm_update_stats.
+  m.def(
+      "conv_bn_relu_train(Tensor input, Tensor conv_weight, Tensor? conv_bias, Tensor? bn_weight, "
+      "Tensor? bn_bias, float eps, int[2] stride, int[2] padding, int[2] dilation, int groups) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // (grad_input, grad_conv_weight, grad_conv_bias, grad_bn_weight, grad_bn_bias); entries whose
+  // output_mask is false come back as empty tensors of shape [0].
+  m.def(
+      "conv_bn_relu_backward(Tensor grad_out, Tensor input, Tensor conv_weight, Tensor conv_out, "
+      "Tensor? bn_weight, Tensor save_mean, Tensor save_invstd, Tensor mask, int[2] stride, "
+      "int[2] padding, int[2] dilation, int groups, bool[5] output_mask) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // Inference after folding BN into (weight, bias): relu(conv(input, weight) + bias).
+  // impl: 0 auto (cuDNN fused conv+bias+ReLU where available), 1 conv + epilogue kernel.
+  m.def(
+      "conv_bias_relu(Tensor input, Tensor weight, Tensor? bias, int[2] stride, int[2] padding, "
+      "int[2] dilation, int groups, int impl=0) -> Tensor");
+
   // ---- further ops: append their m.def lines here ----
 }
