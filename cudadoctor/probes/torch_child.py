@@ -27,6 +27,7 @@ LIB_NAMES = (
 )
 
 _saved_fd = None
+_caught = None
 _start = time.time()
 result = {
     "stage": "start",
@@ -161,7 +162,9 @@ def full(t, pkg, spec):
     """A real ``import torch`` (reusing an already loaded torch._C), then a kernel per device."""
     import warnings
 
+    global _caught
     with warnings.catch_warnings(record=True) as caught:
+        _caught = caught  # kept for main() when an exception ends this early
         warnings.simplefilter("always")
         stage("import")
         if pkg is not None:
@@ -185,6 +188,7 @@ def full(t, pkg, spec):
             t["cudnn"] = cudnn_string(v) if v is not None else None
         except Exception as exc:  # noqa: BLE001
             t["cudnn_error"] = exc_text(exc)
+        stage("cuda-init")  # a wedged driver can hang or crash right here
         t["cuda_available"] = bool(torch.cuda.is_available())
         n = torch.cuda.device_count() if t["cuda_available"] else 0
         t["device_count"] = n
@@ -301,13 +305,15 @@ def main():
             t["probe_mode"] = "full"
             t.pop("core_error", None)
         except BaseException as exc:  # noqa: BLE001
-            if result["stage"] == "import":
+            if result["stage"] == "import":  # an exception while importing; later stages are device errors
                 t["import_error"] = exc_text(exc)
                 t["import_error_type"] = type(exc).__name__
                 import traceback
                 t["import_traceback"] = traceback.format_exc().splitlines()[-12:]
             else:
                 t["device_error"] = t.get("device_error") or exc_text(exc)
+            if _caught:
+                t["warnings"] = [str(w.message) for w in _caught][:20]
         t["library_paths"] = loaded_libraries()
     stage("done")
 

@@ -80,6 +80,8 @@ def interpret(res: Result, python: str, timeout: float) -> tuple[dict | None, di
         elif stage in ("core", "import"):
             what = "loading torch._C" if stage == "core" else "importing torch"
             torch["import_error"] = f"{failure} while {what}"
+        elif stage == "cuda-init":
+            torch["device_error"] = torch.get("device_error") or f"{failure} while initialising CUDA"
         elif stage == "launch":
             torch["device_error"] = torch.get("device_error") or f"{failure} while launching a kernel"
         else:
