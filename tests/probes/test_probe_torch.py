@@ -126,6 +126,7 @@ def test_full_probe_records_launch_error_verbatim():
     assert torch["devices"][0]["name"] == "NVIDIA GeForce RTX 5090" and torch["devices"][0]["cc"] == "12.0"
     assert torch["device_error"].startswith("CUDA error: no kernel image is available for execution on the device\n")
     assert torch["import_error"] is None
+    assert any("sm_120 is not compatible" in w for w in torch["warnings"])
 
 
 def test_full_probe_segfault_during_launch():

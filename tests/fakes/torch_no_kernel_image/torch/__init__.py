@@ -2,6 +2,7 @@
 import os
 import signal
 import types
+import warnings
 
 from torch import _C  # noqa: F401
 from torch.version import __version__  # noqa: F401
@@ -15,6 +16,10 @@ def _get_arch_list():
 
 
 def _ones(n, device="cpu"):
+    warnings.warn(
+        "NVIDIA GeForce RTX 5090 with CUDA capability sm_120 is not compatible with the current PyTorch installation.\n"
+        "The current PyTorch install supports CUDA capabilities sm_50 sm_60 sm_70 sm_75 sm_80 sm_86 sm_90."
+    )
     if _MODE == "segfault":
         os.kill(os.getpid(), signal.SIGSEGV)
     raise RuntimeError(
