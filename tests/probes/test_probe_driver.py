@@ -14,7 +14,7 @@ from cudadoctor.probes.driver import (
     probe_driver,
     query_nvml,
 )
-from cudadoctor.runner import Result, Runner
+from cudadoctor.runner import Runner
 
 NVML_FAIL = 'CUDADOCTOR_NVML {"driver": null, "cuda": null, "gpus": [], "error": "%s"}\n'
 

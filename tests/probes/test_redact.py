@@ -60,3 +60,18 @@ def test_name_inside_a_word_is_not_replaced():
 def test_odd_input():
     assert redact({}) == {}
     assert redact({"a": [1, 2.5, None, True, ("x", "/home/zed/y")]}) == {"a": [1, 2.5, None, True, ["x", "/home/<user>/y"]]}
+
+
+def test_redacts_a_real_snapshot(monkeypatch):
+    import json
+
+    from cudadoctor.probes import collect_facts
+
+    monkeypatch.setenv("HOME", "/home/probeuser")
+    facts = collect_facts(env={"PATH": "/home/probeuser/.local/bin:/usr/bin", "CONDA_PREFIX": "/home/probeuser/miniconda3"},
+                          torch_mode="skip")
+    out = redact(facts)
+    text = json.dumps(out)
+    assert "probeuser" not in text
+    assert out["env"]["PATH"] == "/home/<user>/.local/bin:/usr/bin"
+    assert out["schema"] == facts["schema"] and out["host"]["kernel"] == facts["host"]["kernel"]
