@@ -1,0 +1,216 @@
+"""Smoke cases of cudadoctor-ops, read by `cudadoctor smoke` (and usable by any test harness).
+
+Each case is a dict: ``name`` ("op/variant"), ``op`` (table row), ``inputs()`` -> tuple of CPU
+tensors (tiny: a few hundred elements, odd sizes so vector paths meet scalar tails), ``run(*inputs)``
+-> the op's outputs with the inputs moved to the GPU, ``reference(*inputs)`` -> the same from plain
+torch ops on CPU copies in float64, and ``atol`` / ``rtol``. Backward cases call ``backward``
+themselves and return the gradients. Ops missing from this build get no cases.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["smoke_cases"]
+
+_TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (1e-2, 1e-2), torch.bfloat16: (6e-2, 3e-2)}
+
+
+def _randn(*shape, dtype=torch.float32, channels_last=False, requires_grad=False, scale=1.0, shift=0.0):
+    t = (torch.randn(*shape, dtype=torch.float64) * scale + shift).to(dtype)
+    if channels_last:
+        t = t.contiguous(memory_format=torch.channels_last if len(shape) == 4 else torch.channels_last_3d)
+    return t.requires_grad_(requires_grad)
+
+
+def _d(t):
+    """A float64 leaf copy keeping requires_grad (for references)."""
+    if t is None:
+        return None
+    return t.detach().double().requires_grad_(t.requires_grad)
+
+
+def _grads(*ts):
+    return tuple(t.grad for t in ts)
+
+
+# --- batch_norm ---------------------------------------------------------------------------------
+
+
+def _bn_case(name, shape, *, training, backward, dtype=torch.float32, channels_last=False, activation="none",
+             affine=True):
+    c = shape[1]
+    pdtype = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+    def inputs():
+        x = _randn(*shape, dtype=dtype, channels_last=channels_last, requires_grad=backward, shift=0.5)
+        w = _randn(c, dtype=pdtype, requires_grad=backward and affine, scale=0.5, shift=1.0) if affine else None
+        b = _randn(c, dtype=pdtype, requires_grad=backward and affine, scale=0.5) if affine else None
+        rm = _randn(c, dtype=pdtype, scale=0.1)
+        rv = _randn(c, dtype=pdtype, scale=0.1).abs() + 0.5
+        g = _randn(*shape, dtype=dtype, channels_last=channels_last)
+        return x, w, b, rm, rv, g
+
+    def run(x, w, b, rm, rv, g):
+        import cudadoctor_ops
+
+        y = cudadoctor_ops.batch_norm(x, rm, rv, w, b, training=training, momentum=0.1, eps=1e-5,
+                                      activation=activation)
+        if not backward:
+            return y, rm, rv
+        y.backward(g)
+        return _grads(x, *(t for t in (w, b) if t is not None)) + (rm, rv)
+
+    def reference(x, w, b, rm, rv, g):
+        x64, w64, b64, rm64, rv64 = _d(x), _d(w), _d(b), rm.double(), rv.double()
+        y = F.batch_norm(x64, rm64, rv64, w64, b64, training=training, momentum=0.1, eps=1e-5)
+        if activation == "relu":
+            y = F.relu(y)
+        if not backward:
+            return y, rm64, rv64
+        y.backward(g.double())
+        return _grads(x64, *(t for t in (w64, b64) if t is not None)) + (rm64, rv64)
+
+    atol, rtol = _TOL[dtype]
+    return {"name": f"batch_norm/{name}", "op": "batch_norm", "inputs": inputs, "run": run,
+            "reference": reference, "atol": atol, "rtol": rtol}
+
+
+def _batch_norm_cases():
+    return [
+        _bn_case("train_fwd", (4, 3, 5, 7), training=True, backward=False),
+        _bn_case("eval_fwd", (4, 3, 5, 7), training=False, backward=False),
+        _bn_case("train_fwd_3d_input", (5, 6, 9), training=True, backward=False),
+        _bn_case("train_fwd_relu_channels_last_fp16", (3, 8, 5, 5), training=True, backward=False,
+                 dtype=torch.float16, channels_last=True, activation="relu"),
+        _bn_case("train_bwd", (4, 3, 5, 7), training=True, backward=True),
+        _bn_case("eval_bwd", (4, 3, 5, 7), training=False, backward=True),
+        _bn_case("train_bwd_relu_channels_last", (2, 8, 3, 5), training=True, backward=True,
+                 channels_last=True, activation="relu"),
+        _bn_case("train_bwd_no_affine_bf16", (2, 4, 6, 6), training=True, backward=True, dtype=torch.bfloat16,
+                 affine=False),
+    ]
+
+
+# --- depthwise_conv2d ---------------------------------------------------------------------------
+
+
+def _dw_case(name, n, c, h, w, k, *, stride=1, padding=None, dilation=1, mult=1, backward=False,
+             dtype=torch.float32, channels_last=False):
+    pad = k // 2 if padding is None else padding
+
+    def inputs():
+        x = _randn(n, c, h, w, dtype=dtype, channels_last=channels_last, requires_grad=backward)
+        wt = _randn(c * mult, 1, k, k, dtype=dtype, requires_grad=backward)
+        b = _randn(c * mult, dtype=dtype, requires_grad=backward)
+        return x, wt, b
+
+    def run(x, wt, b):
+        import cudadoctor_ops
+
+        y = cudadoctor_ops.depthwise_conv2d(x, wt, b, stride, pad, dilation)
+        if not backward:
+            return y
+        torch.manual_seed(1)
+        g = torch.randn(y.shape, dtype=torch.float64).to(y.dtype).to(y.device)
+        y.backward(g)
+        return _grads(x, wt, b)
+
+    def reference(x, wt, b):
+        x64, w64, b64 = _d(x), _d(wt), _d(b)
+        y = F.conv2d(x64, w64, b64, stride, pad, dilation, groups=c)
+        if not backward:
+            return y
+        torch.manual_seed(1)
+        g = torch.randn(y.shape, dtype=torch.float64).to(dtype).double()
+        y.backward(g)
+        return _grads(x64, w64, b64)
+
+    atol, rtol = _TOL[dtype]
+    if backward and dtype != torch.float32:
+        atol, rtol = atol * 4, rtol * 4
+    return {"name": f"depthwise_conv2d/{name}", "op": "depthwise_conv2d", "inputs": inputs, "run": run,
+            "reference": reference, "atol": atol, "rtol": rtol}
+
+
+def _depthwise_cases():
+    return [
+        _dw_case("fwd_3x3", 2, 8, 9, 10, 3),
+        _dw_case("fwd_5x5_s2_channels_last", 2, 8, 11, 9, 5, stride=2, channels_last=True),
+        _dw_case("fwd_7x7_fp16", 1, 16, 13, 11, 7, dtype=torch.float16),
+        _dw_case("fwd_direct_dilated_mult2", 2, 4, 9, 8, 3, dilation=2, mult=2, padding=2),
+        _dw_case("bwd_3x3", 2, 8, 9, 10, 3, backward=True),
+        _dw_case("bwd_3x3_s2_channels_last_bf16", 2, 8, 10, 9, 3, stride=2, backward=True,
+                 dtype=torch.bfloat16, channels_last=True),
+        _dw_case("bwd_direct_4x4", 1, 8, 12, 12, 4, padding=2, backward=True),
+    ]
+
+
+# --- conv_bn_relu -------------------------------------------------------------------------------
+
+
+def _cbr_case(name, n, cin, cout, h, w, k, *, training, backward, groups=1, stride=1, dtype=torch.float32,
+              channels_last=False):
+    pad = k // 2
+
+    def inputs():
+        x = _randn(n, cin, h, w, dtype=dtype, channels_last=channels_last, requires_grad=backward)
+        cw = _randn(cout, cin // groups, k, k, dtype=dtype, requires_grad=backward, scale=0.3)
+        cb = _randn(cout, dtype=dtype, requires_grad=backward, scale=0.1)
+        bw = _randn(cout, requires_grad=backward, scale=0.5, shift=1.0)
+        bb = _randn(cout, requires_grad=backward, scale=0.5)
+        rm = _randn(cout, scale=0.1)
+        rv = _randn(cout, scale=0.1).abs() + 0.5
+        return x, cw, cb, bw, bb, rm, rv
+
+    def run(x, cw, cb, bw, bb, rm, rv):
+        import cudadoctor_ops
+
+        torch.backends.cudnn.allow_tf32 = False  # compare full fp32 convolutions with the reference
+        torch.backends.cuda.matmul.allow_tf32 = False
+        y = cudadoctor_ops.conv_bn_relu(x, cw, cb, bw, bb, rm, rv, training, 0.1, 1e-5, stride, pad, 1, groups)
+        if not backward:
+            return y, rm, rv
+        torch.manual_seed(1)
+        y.backward(torch.randn(y.shape, dtype=torch.float64).to(y.dtype).to(y.device))
+        return _grads(x, cw, cb, bw, bb) + (rm, rv)
+
+    def reference(x, cw, cb, bw, bb, rm, rv):
+        x64, cw64, cb64, bw64, bb64 = (_d(t) for t in (x, cw, cb, bw, bb))
+        rm64, rv64 = rm.double(), rv.double()
+        y = F.relu(F.batch_norm(F.conv2d(x64, cw64, cb64, stride, pad, 1, groups), rm64, rv64, bw64, bb64,
+                                training=training, momentum=0.1, eps=1e-5))
+        if not backward:
+            return y, rm64, rv64
+        torch.manual_seed(1)
+        y.backward(torch.randn(y.shape, dtype=torch.float64).to(dtype).double())
+        return _grads(x64, cw64, cb64, bw64, bb64) + (rm64, rv64)
+
+    atol, rtol = _TOL[dtype]
+    return {"name": f"conv_bn_relu/{name}", "op": "conv_bn_relu", "inputs": inputs, "run": run,
+            "reference": reference, "atol": atol * 10, "rtol": rtol * 10}
+
+
+def _conv_bn_relu_cases():
+    return [
+        _cbr_case("train_fwd", 2, 4, 8, 7, 9, 3, training=True, backward=False),
+        _cbr_case("eval_fwd", 2, 4, 8, 7, 9, 3, training=False, backward=False),
+        _cbr_case("train_bwd", 2, 4, 8, 7, 9, 3, training=True, backward=True),
+        _cbr_case("train_fwd_depthwise_channels_last", 2, 8, 8, 9, 9, 3, training=True, backward=False,
+                  groups=8, channels_last=True),
+    ]
+
+
+def smoke_cases() -> list[dict]:
+    """Cases for every op this build provides."""
+    import cudadoctor_ops
+
+    cases: list[dict] = []
+    if hasattr(cudadoctor_ops, "batch_norm"):
+        cases += _batch_norm_cases()
+    if hasattr(cudadoctor_ops, "depthwise_conv2d"):
+        cases += _depthwise_cases()
+    if hasattr(cudadoctor_ops, "conv_bn_relu"):
+        cases += _conv_bn_relu_cases()
+    return cases
