@@ -91,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         code = EXIT_USAGE if exc.exit_code in (None, 1, 2) else exc.exit_code
     else:
         code = rv if isinstance(rv, int) else 0
+        if code == 130:  # typer returns 130 for Ctrl-C inside a command
+            typer.echo("cudadoctor: interrupted", err=True)
     if argv is None:
         sys.exit(code)
     return code

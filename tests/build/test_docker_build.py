@@ -1,0 +1,159 @@
+"""Real builds in Docker (CI starts dockerd, so these run there).
+
+Base image: a Debian bookworm made with debootstrap + docker import (docker/scripts/make-base-image.sh,
+cached by tag). CUDA 13.0 nvcc comes from pip wheels (--toolkit pip), torch 2.14.1 from this machine's
+pip configuration (local wheel folders / PyPI) with its CA bundle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.docker
+
+ROOT = Path(__file__).resolve().parents[2]
+FIX = ROOT / "tests" / "fixtures"
+LABEL = "org.cudadoctor.build"
+
+
+def _docker_ok() -> str | None:
+    try:
+        import docker
+
+        docker.from_env(timeout=10).ping()
+    except Exception as exc:  # noqa: BLE001
+        return f"no Docker daemon: {exc}"
+    if subprocess.run(["which", "debootstrap"], capture_output=True).returncode != 0 and not os.environ.get(
+        "CUDADOCTOR_BASE_IMAGE"
+    ):
+        return "debootstrap is not installed and CUDADOCTOR_BASE_IMAGE is not set"
+    return None
+
+
+_why = _docker_ok()
+if _why:
+    pytestmark = [pytest.mark.docker, pytest.mark.skip(reason=_why)]
+
+
+@pytest.fixture(scope="session")
+def base_image() -> str:
+    tag = os.environ.get("CUDADOCTOR_BASE_IMAGE")
+    if tag:
+        return tag
+    r = subprocess.run([str(ROOT / "docker" / "scripts" / "make-base-image.sh")], capture_output=True, text=True,
+                       timeout=1200)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="session")
+def client():
+    import docker
+
+    return docker.from_env(timeout=60)
+
+
+def labelled(client) -> list:
+    return client.containers.list(all=True, filters={"label": [LABEL]})
+
+
+def cli(*args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.pop("CUDADOCTOR_KEEP_CONTAINER", None)
+    return subprocess.run([sys.executable, "-m", "cudadoctor", "build", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout, cwd=ROOT)
+
+
+def test_fat_wheel_in_docker(base_image, client, tmp_path):
+    out = tmp_path / "dist"
+    r = cli(str(FIX / "ext_min"), "--arch", "8.6,8.9", "--torch", "2.14.1", "--cuda", "13.0", "--toolkit", "pip",
+            "--base-image", base_image, "--out", str(out), "--work-dir", str(tmp_path / "work"))
+    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+    wheels = list(out.glob("*.whl"))
+    assert [w.name for w in wheels] == ["ext_min-0.1.0+cu130torch2.14-cp311-cp311-linux_x86_64.whl"]
+    wheel = wheels[0]
+    log = wheel.with_name(wheel.name[:-4] + ".build.log")
+    assert log.is_file() and "TORCH_CUDA_ARCH_LIST=8.6;8.9" in log.read_text()
+    assert wheel.stat().st_uid == os.getuid()
+    assert labelled(client) == []
+
+    # the wheel installs, and inspect sees sm_86 and sm_89 SASS in every shared object
+    site = tmp_path / "site"
+    pi = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target", str(site),
+                         str(wheel)], capture_output=True, text=True, timeout=300)
+    assert pi.returncode == 0, pi.stderr
+    ins = subprocess.run([sys.executable, "-m", "cudadoctor", "inspect", "--json", str(site / "ext_min")],
+                         capture_output=True, text=True, timeout=120)
+    assert ins.returncode == 0, ins.stderr
+    entries = json.loads(ins.stdout)["files"]
+    sos = [e for e in entries if ".so" in e["path"]]
+    assert sos, entries
+    for e in sos:
+        assert {"sm_86", "sm_89"} <= set(e["sass"]), e
+    manifest = json.loads(next((site).glob("ext_min-*.dist-info")).joinpath("cudadoctor_build.json").read_text())
+    assert manifest["torch"].startswith("2.14.1") and manifest["cuda"] == "13.0"
+    assert manifest["nvcc"].startswith("13.0") and manifest["glibc"] and manifest["cxx11_abi"] is True
+    assert manifest["python"].startswith("3.11") and manifest["source_hash"].startswith("sha256:")
+
+    # the loaded extension registers its op (no GPU needed to load)
+    load = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import ext_min, torch; "
+         "print(torch.ops.ext_min.scale)", str(site)], capture_output=True, text=True, timeout=300)
+    assert load.returncode == 0, load.stderr
+
+    # a rebuild with nothing changed reuses the image and the work folder, and is quick
+    t0 = time.monotonic()
+    r2 = cli(str(FIX / "ext_min"), "--arch", "8.6,8.9", "--torch", "2.14.1", "--cuda", "13.0", "--toolkit", "pip",
+             "--base-image", base_image, "--out", str(out), "--work-dir", str(tmp_path / "work"))
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    assert "reusing image" in r2.stderr
+    assert "0 file(s) changed" in r2.stderr
+    assert time.monotonic() - t0 < 120
+    assert labelled(client) == []
+
+
+def test_uncompilable_source_shows_compiler_error_and_keeps_log(base_image, client, tmp_path):
+    out = tmp_path / "dist"
+    r = cli(str(FIX / "ext_broken"), "--arch", "8.6", "--torch", "2.14.1", "--toolkit", "pip",
+            "--base-image", base_image, "--out", str(out), "--work-dir", str(tmp_path / "work"))
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    assert "undeclared_value_cudadoctor_test" in r.stderr and "undefined" in r.stderr
+    log = out / "torch2.14-cu130-py3.11.build.log"
+    assert f"The full log is kept at {log}" in r.stderr.replace("\n", " ") or str(log) in r.stderr
+    assert log.is_file() and "undeclared_value_cudadoctor_test" in log.read_text()
+    assert list(out.glob("*.whl")) == []
+    assert labelled(client) == []
+
+
+def test_ctrl_c_removes_the_build_container(base_image, client, tmp_path):
+    env = dict(os.environ)
+    env.pop("CUDADOCTOR_KEEP_CONTAINER", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cudadoctor", "build", str(FIX / "ext_min"), "--arch", "8.6", "--toolkit", "pip",
+         "--base-image", base_image, "--out", str(tmp_path / "dist"), "--work-dir", str(tmp_path / "work")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+    )
+    seen = []
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and proc.poll() is None:
+        seen = [c for c in labelled(client) if c.labels.get(LABEL) == "build" and c.status == "running"]
+        if seen:
+            break
+        time.sleep(0.5)
+    assert seen, "the build container never ran: " + (proc.stderr.read() if proc.poll() is not None else "")
+    time.sleep(3)  # let the compile start
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert "interrupted" in err and "Traceback" not in err
+    assert labelled(client) == []
+    assert list((tmp_path / "dist").glob("*.whl")) == []
