@@ -104,11 +104,16 @@ def collect_facts(
     nvml_timeout: float = 6.0,
     smi_timeout: float = 5.0,
     nvcc_timeout: float = 10.0,
+    extra: Mapping[str, Callable[[], Any]] | None = None,
 ) -> dict:
     """The facts snapshot of this machine (or of the tree at ``root``). Never raises.
 
     ``torch_mode``: "auto" (load torch._C only unless a GPU is present), "full" (always a real
     ``import torch`` and kernel launch) or "skip" (no torch child; the torch section is None).
+    ``extra``: more probes to run concurrently with these, {facts key: callable}; each result is
+    stored under its key (e.g. {"extensions": lambda: inspect_installed()}); one that raises leaves
+    the key as it was and is named in ``facts["probe"]["errors"]``.
+
     Bound: see the module docstring (28 s with the defaults, whatever the probed programs do).
     """
     started = time.monotonic()
@@ -152,6 +157,7 @@ def collect_facts(
 
         tk_fut = pool.submit(_guard, "toolkits", lambda: _toolkits(site), errors) if site is not None else None
         tools_fut = pool.submit(_guard, "tools", lambda: probe_tools(runner, fs, env), errors)
+        extra_futs = {key: pool.submit(fn) for key, fn in (extra or {}).items() if callable(fn)}
 
         facts["host"] = _result(host_fut, "host", errors)
         drv = _result(driver_fut, "driver", errors)
@@ -159,6 +165,10 @@ def collect_facts(
             facts["driver"], facts["gpus"] = drv[0], list(drv[1])
         facts["host_compiler"] = _result(cxx_fut, "host_compiler", errors)
         facts["tools"] = _result(tools_fut, "tools", errors)
+        for key, fut in extra_futs.items():
+            value = _result(fut, key, errors)
+            if key not in errors:
+                facts[key] = value
 
         py, torch = None, None
         if torch_fut is not None:

@@ -182,3 +182,15 @@ def test_odd_environments_never_raise(tmp_path_factory, env):
     facts = collect_facts(ScriptedRunner(), root=str(root), env=env, torch_mode="skip")
     assert_spec_shape({**facts, "torch": dict.fromkeys(SPEC_KEYS["torch"])})
     assert facts["probe"]["errors"] is None, facts["probe"]["errors"]
+
+
+def test_extra_probes_run_alongside(tree):
+    def boom():
+        raise OSError("unreadable wheel")
+
+    facts = collect_facts(ScriptedRunner(), root=str(tree({})), env={}, torch_mode="skip",
+                          extra={"extensions": lambda: [{"path": "/x/_C.so", "sass": ["sm_90"], "ptx": []}],
+                                 "error_text": boom})
+    assert facts["extensions"] == [{"path": "/x/_C.so", "sass": ["sm_90"], "ptx": []}]
+    assert facts["error_text"] is None
+    assert facts["probe"]["errors"]["error_text"] == "OSError: unreadable wheel"
