@@ -8,7 +8,8 @@ import time
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from conftest import EXE, ScriptedRunner, recorded
+from fakes.runner import ScriptedRunner, recorded
+from fakes.trees import EXE, FAKES
 
 from cudadoctor.probes import SCHEMA, collect_facts
 from cudadoctor.probes.driver import NVML_TAG
@@ -149,8 +150,6 @@ def test_this_machine_for_real():
 def test_everything_hangs_within_the_stated_bound():
     """torch hangs on import, NVML hangs in nvmlInit, nvidia-smi never returns: the snapshot still
     comes back within max(torch_timeout + 2, nvml_timeout + 3 * smi_timeout + 7) seconds."""
-    from conftest import FAKES
-
     env = dict(os.environ,
                PATH=os.pathsep.join([str(FAKES / "bin_smi_hang"), os.environ.get("PATH", "")]),
                PYTHONPATH=os.pathsep.join([str(FAKES / "torch_hang"), str(FAKES / "pynvml_hang")]))

@@ -2,7 +2,8 @@ import os
 import sys
 import time
 
-from conftest import EXE, FAKES, ScriptedRunner, recorded
+from fakes.runner import ScriptedRunner, recorded
+from fakes.trees import EXE, FAKES
 
 from cudadoctor.probes import collect_facts
 from cudadoctor.probes._fs import Root

@@ -1,4 +1,4 @@
-from conftest import ScriptedRunner, recorded
+from fakes.runner import ScriptedRunner, recorded
 
 from cudadoctor.probes._fs import Root
 from cudadoctor.probes.host import detect_container, detect_wsl, probe_host

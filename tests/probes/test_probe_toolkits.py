@@ -1,5 +1,6 @@
 import pytest
-from conftest import EXE, ScriptedRunner, recorded
+from fakes.runner import ScriptedRunner, recorded
+from fakes.trees import EXE
 
 from cudadoctor.probes._fs import Root
 from cudadoctor.probes.toolkits import (

@@ -1,4 +1,5 @@
-from conftest import EXE, ScriptedRunner, recorded
+from fakes.runner import ScriptedRunner, recorded
+from fakes.trees import EXE
 
 from cudadoctor.probes._fs import Root
 from cudadoctor.probes.compiler import probe_host_compiler

@@ -6,7 +6,8 @@ import sys
 import time
 
 import pytest
-from conftest import FAKES, recorded
+from fakes.runner import recorded
+from fakes.trees import FAKES
 
 from cudadoctor.probes.torch_probe import MARK, TORCH_TAG, interpret, run_child
 from cudadoctor.runner import Result, Runner
