@@ -411,25 +411,27 @@ def toolkit_requirements(cuda: str) -> list[str]:
 # fast-build settings
 
 
-def parallelism(cores: int, mem_gib: float | None, jobs: int | None = None) -> tuple[int, int]:
-    """(ninja jobs, nvcc --threads) for this many cores and GiB of free memory.
+def parallelism(cores: int, mem_gib: float | None, jobs: int | None = None, n_targets: int = 4) -> tuple[int, int]:
+    """(ninja jobs, nvcc --threads) for this many cores, GiB of free memory and device targets.
 
-    An nvcc compile of a torch extension for several archs peaks at roughly 1.5-2 GiB plus 0.5 GiB per
-    extra device-code thread; jobs x threads stays within the cores and the memory.
+    nvcc compiles the targets of one file one after another unless given --threads; a file's host
+    front end is serial, so jobs x threads may exceed the cores by 2x without slowing down. An nvcc
+    job of a torch extension peaks at roughly 2 GiB plus 0.5 GiB per extra device thread; the job
+    count stays within free memory.
     """
     cores = max(1, int(cores))
+    n_targets = max(1, int(n_targets))
+    cap = 4 if cores >= 16 else 2 if cores >= 4 else 1
+    threads = max(1, min(n_targets, cap))
     if jobs is not None:
         if jobs < 1:
             raise InputError(f"--jobs must be at least 1, not {jobs}.")
-        return jobs, max(1, min(4, cores // jobs))
-    threads = 2 if cores >= 4 else 1
-    threads = 4 if cores >= 16 else threads
-    by_cores = max(1, cores // threads)
+        return jobs, threads
+    njobs = cores if threads == 1 else max(1, (2 * cores) // threads)
     if mem_gib is not None and mem_gib > 0:
         per_job = 2.0 + 0.5 * (threads - 1)
-        by_mem = max(1, int(mem_gib // per_job))
-        by_cores = min(by_cores, by_mem)
-    return by_cores, threads
+        njobs = min(njobs, max(1, int(mem_gib // per_job)))
+    return njobs, threads
 
 
 def build_env(target: Target, *, jobs: int, threads: int, compress: bool = True,
@@ -496,9 +498,8 @@ def image_recipe(target: Target, pip: PipSettings, *, script_digest: str = "") -
         cuda_home = PIP_CUDA_HOME
     else:
         cuda_home = "/usr/local/cuda"
-    torch_pip = pip if target.pypi_default and target.toolkit == "pip" else pip.with_extra_index(target.index_url or "")
-    if not target.index_url:
-        torch_pip = pip
+    # PyPI's torch is the pypi_default variant; any other variant comes from its cuXYZ index.
+    torch_pip = pip if target.pypi_default or not target.index_url else pip.with_extra_index(target.index_url)
     env = {
         "CUDADOCTOR_REQUIREMENTS": " ".join(reqs),
         "CUDADOCTOR_TOOLKIT": target.toolkit,
@@ -602,7 +603,7 @@ def make_plan(
         raise InputError(f"unknown backend {backend!r}.", hint=f"Use one of: {', '.join(BACKENDS)}.")
     target = resolve_target(spec, default_torch=default_torch, host_gcc=host_gcc, backend=backend)
     pip = pip or PipSettings()
-    njobs, threads = parallelism(cores, mem_gib, jobs)
+    njobs, threads = parallelism(cores, mem_gib, jobs, len(target.sass) + len(target.ptx))
     env = build_env(target, jobs=njobs, threads=threads, compress=compress)
     image = image_recipe(target, pip, script_digest=script_digest) if backend == "docker" else None
     return BuildPlan(

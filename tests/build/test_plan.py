@@ -186,25 +186,27 @@ def test_pip_settings_from_config_and_env():
 # --- fast-build settings ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize(
-    "cores, mem, jobs, want",
+    "cores, mem, jobs, targets, want",
     [
-        (2, 20.0, None, (2, 1)),
-        (16, 120.0, None, (4, 4)),
-        (16, 6.0, None, (1, 4)),  # memory-bound
-        (8, None, None, (4, 2)),
-        (16, 100.0, 8, (8, 2)),
+        (2, 20.0, None, 2, (2, 1)),
+        (16, 120.0, None, 4, (8, 4)),
+        (16, 120.0, None, 2, (16, 2)),
+        (16, 120.0, None, 1, (16, 1)),
+        (16, 6.0, None, 4, (1, 4)),  # memory-bound
+        (8, None, None, 4, (8, 2)),
+        (16, 100.0, 3, 4, (3, 4)),
     ],
 )
-def test_parallelism(cores, mem, jobs, want):
-    assert P.parallelism(cores, mem, jobs) == want
+def test_parallelism(cores, mem, jobs, targets, want):
+    assert P.parallelism(cores, mem, jobs, targets) == want
 
 
 def test_build_env_flags():
     plan = P.make_plan(spec(arch="8.6,8.9+PTX"), source="/s", out="/o", cores=16, mem_gib=100)
     env = dict(plan.env)
     assert env["TORCH_CUDA_ARCH_LIST"] == "8.6;8.9+PTX"
-    assert env["MAX_JOBS"] == "4"
-    assert env["NVCC_APPEND_FLAGS"] == "--threads=4 -Xfatbin -compress-all"
+    assert env["MAX_JOBS"] == "10"  # 3 device targets -> 3 threads; 2 x 16 cores / 3
+    assert env["NVCC_APPEND_FLAGS"] == "--threads=3 -Xfatbin -compress-all"
     assert "-gencode=arch=compute_89,code=compute_89" in plan.nvcc_flags
     plain = P.make_plan(spec(), source="/s", out="/o", compress=False)
     assert "-compress-all" not in dict(plain.env)["NVCC_APPEND_FLAGS"]
