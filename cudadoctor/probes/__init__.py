@@ -17,7 +17,8 @@ Fields beyond docs/facts-v1.md (all optional for readers):
               headers_missing, headers_elsewhere {header: [paths]}; on the toolkit torch would use:
               build_include_path and headers_unresolved (missing on that whole include path)
   host_compiler  via, version_line, nvcc_ccbin (when CC is set), skipped
-  torch       probe_mode ("core"/"full"), probe_stage, probe_seconds, path, include_dirs, lib_dir,
+  torch       probe_mode ("core"/"full"), probe_stage, probe_seconds, path, include_dirs,
+              cuda_include_dirs (torch's include dirs + the build toolkit's include path), lib_dir,
               library_paths (CUDA libraries the process mapped), device_count, devices
               [{index, name, cc, kernel_ok, launch_error}], warnings, import_error_type,
               import_traceback, site_dirs, hip, git_version
@@ -185,6 +186,10 @@ def collect_facts(
     finally:
         pool.shutdown(wait=False)
 
+    if torch and torch.get("include_dirs"):
+        # what torch.utils.cpp_extension.include_paths("cuda") plus nvcc's own dirs give a build
+        build = facts["toolkits"][0].get("build_include_path") if facts["toolkits"] else None
+        torch["cuda_include_dirs"] = list(torch["include_dirs"]) + list(build or [])
     if not facts["gpus"] and torch and torch.get("devices"):
         facts["gpus"] = [dict(d, source="torch") for d in torch["devices"] if d.get("name")]
     for name in ("host", "host_compiler", "tools"):

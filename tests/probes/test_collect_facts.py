@@ -193,3 +193,16 @@ def test_extra_probes_run_alongside(tree):
     assert facts["extensions"] == [{"path": "/x/_C.so", "sass": ["sm_90"], "ptx": []}]
     assert facts["error_text"] is None
     assert facts["probe"]["errors"]["error_text"] == "OSError: unreadable wheel"
+
+
+@pytest.mark.skipif(not os.path.exists(REAL_NVCC), reason="needs the CUDA toolkit at /usr/local/cuda")
+def test_this_machine_torch_include_and_libraries():
+    facts = collect_facts()
+    torch = facts["torch"]
+    if not torch.get("path"):
+        pytest.skip("torch is not installed")
+    assert torch["cuda_include_dirs"][0] == os.path.join(torch["path"], "include")
+    assert torch["cuda_include_dirs"][2:] == facts["toolkits"][0]["build_include_path"]
+    if torch["cuda"]:
+        # the CUDA runtime torch itself maps, whatever LD_LIBRARY_PATH says
+        assert any("libcudart.so" in p for p in torch["library_paths"]), torch["library_paths"]
