@@ -118,6 +118,22 @@ def collect_facts(
     Bound: see the module docstring (28 s with the defaults, whatever the probed programs do).
     """
     started = time.monotonic()
+    try:
+        return _collect(runner, root, env, torch_timeout=torch_timeout, python=python, torch_mode=torch_mode,
+                        nvml_timeout=nvml_timeout, smi_timeout=smi_timeout, nvcc_timeout=nvcc_timeout,
+                        extra=extra, started=started)
+    except Exception as exc:  # noqa: BLE001 - a bug in the orchestration still gives a snapshot
+        text = f"{type(exc).__name__}: {exc}"
+        return {
+            "schema": SCHEMA, "collected_at": now_utc(), "host": None, "driver": None, "gpus": [],
+            "toolkits": [], "host_compiler": None, "python": None, "torch": None, "env": None,
+            "tools": None, "extensions": [], "error_text": None,
+            "probe": {"seconds": round(time.monotonic() - started, 3), "root": root, "errors": {"collect": text}},
+        }
+
+
+def _collect(runner, root, env, *, torch_timeout, python, torch_mode, nvml_timeout, smi_timeout, nvcc_timeout,
+             extra, started) -> dict:
     runner = runner if runner is not None else Runner()
     # a real process environment holds only str without NUL bytes; drop anything else up front
     env = {k: v for k, v in (os.environ if env is None else env).items()
@@ -133,6 +149,7 @@ def collect_facts(
         "tools": None, "extensions": [], "error_text": None,
     }
     pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="cudadoctor-probe")
+    torch = None
     try:
         torch_fut = None
         if torch_mode != "skip":

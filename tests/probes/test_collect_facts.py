@@ -206,3 +206,15 @@ def test_this_machine_torch_include_and_libraries():
     if torch["cuda"]:
         # the CUDA runtime torch itself maps, whatever LD_LIBRARY_PATH says
         assert any("libcudart.so" in p for p in torch["library_paths"]), torch["library_paths"]
+
+
+def test_orchestration_failure_still_gives_a_snapshot(monkeypatch):
+    import cudadoctor.probes as probes
+
+    def broken_root(path):
+        raise RuntimeError("cannot start")
+
+    monkeypatch.setattr(probes, "Root", broken_root)
+    facts = collect_facts(ScriptedRunner(), env={}, torch_mode="skip")
+    assert facts["schema"] == SCHEMA and facts["host"] is None and facts["gpus"] == []
+    assert facts["probe"]["errors"] == {"collect": "RuntimeError: cannot start"}
