@@ -137,8 +137,9 @@ def install_wheel(wheel: str, target: str, *, runner: Runner | None = None, pyth
     if r.ok:
         return
     text = "\n".join(x for x in (r.stderr, r.stdout, r.error) if x).strip()
-    last = [ln for ln in text.splitlines() if ln.strip()]
-    why = last[-1].strip() if last else f"exit status {r.returncode}"
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("ERROR:")]
+    why = (errors[-1][len("ERROR:"):].strip() if errors else lines[0] if lines else f"exit status {r.returncode}")
     if "is not a supported wheel on this platform" in text:
         raise CudadoctorError(
             f"{wheel} cannot be installed for this interpreter ({python or sys.executable}): {why}",

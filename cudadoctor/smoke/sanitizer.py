@@ -27,8 +27,8 @@ _RACE_SUMMARY = re.compile(
 # The first line of each report: "========= Invalid __global__ write of size 4 bytes",
 # "========= Error: Race reported between Write access at ...", "========= Uninitialized __global__ memory read".
 _REPORT_HEAD = re.compile(
-    r"^=+\s+((?:Invalid|Uninitialized|Error:|Warning:|Barrier error|Program hit|Malloc/Free|Leaked|"
-    r"Race reported|Divergent|Misaligned|Out-of-range|Address)[^\n]*)", re.M)
+    r"^=+ ((?:Invalid|Uninitialized|Error:|Warning:|Barrier error|Program hit|Malloc/Free|Leaked|"
+    r"Race reported|Divergent|Misaligned|Out-of-range)[^\n]*)", re.M)  # one space: sub-lines are indented
 _SANITIZER_FAILURE = re.compile(
     r"^=+\s*(?:COMPUTE-SANITIZER\s*)?(?:Error|ERROR):\s*((?:No attachable process|Target application terminated|"
     r"Failed|Unable|Could not|Internal)[^\n]*)", re.M)
