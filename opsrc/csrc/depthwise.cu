@@ -388,6 +388,14 @@ at::Tensor backward_input_cuda(const at::Tensor& grad_out_, const at::Tensor& in
       return gin;
     }
   }
+  // Stride 2, channels_last: gather kernel over the stride grid.
+  if (impl == 0 && cl && fast_dtype(gout.scalar_type(), dt) && fast_geom(g) && g.SH != 1) {
+    if (launch_bwd_input_nhwc(dt, gout.data_ptr(), weight.data_ptr(), gin.data_ptr(),
+                              fast_shape(g), stream)) {
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      return gin;
+    }
+  }
   const int64_t total = gin.numel();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, gout.scalar_type(), "depthwise_conv2d_backward_input", [&] {
     using A = at::acc_type<scalar_t, true>;

@@ -42,6 +42,12 @@ bool launch_fwd_nhwc(DType dt, const void* in, const void* w, const void* bias,
                      void* out, const FastShape& s, bool flip,
                      cudaStream_t stream);
 
+// Input gradient for channels_last tensors, any stride in the fast set (the
+// shape is the forward's: H,W input, Ho,Wo output, PH,PW the forward padding).
+//   go [N,Ho,Wo,C] in memory, w [C,1,K,K], gin [N,H,W,C] in memory.
+bool launch_bwd_input_nhwc(DType dt, const void* go, const void* w, void* gin,
+                           const FastShape& s, cudaStream_t stream);
+
 // Weight (and optionally bias) gradient. Number of float32 workspace
 // elements the launcher needs; 0 means the fast path does not apply.
 int64_t wgrad_workspace(DType dt, bool channels_last, const FastShape& s);
@@ -85,6 +91,14 @@ __device__ __forceinline__ void load_vec(const T* p, float (&out)[V]) {
   memcpy(tmp, &r, sizeof(R));
 #pragma unroll
   for (int i = 0; i < V; ++i) out[i] = static_cast<float>(tmp[i]);
+}
+
+// One element through the read-only path, as float.
+template <typename T>
+__device__ __forceinline__ float ldg_float(const T* p) {
+  float v[1];
+  load_vec<T, 1>(p, v);
+  return v[0];
 }
 
 template <typename T, int V>

@@ -48,16 +48,33 @@ __global__ void __launch_bounds__(kThreads)
   const int iy0 = oy0 * S - PH;
   const T* ip = in + plane * static_cast<int64_t>(H) * W;
 
-  for (int r = threadIdx.y; r < IH; r += BY) {
-    const int iy = iy0 + r;
-    const bool row_ok = iy >= 0 && iy < H;
-    const T* rp = ip + static_cast<int64_t>(iy) * W;
-    float* sp = tile + r * IW;
-    for (int q = threadIdx.x; q < IW; q += BX) {
-      const int ix = ix0 + q;
-      float v = 0.f;
-      if (row_ok && ix >= 0 && ix < W) v = to_float(rp[ix]);
-      sp[q] = v;
+  // Stage the tile: U independent loads in flight per thread before the
+  // shared-memory stores (a load-store loop would wait on each load in turn).
+  {
+    constexpr int U = 8;
+    const int nthr = BX * BY;
+    const int total = IH * IW;
+    for (int base = threadIdx.y * BX + threadIdx.x; base < total; base += U * nthr) {
+      float v[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int i = base + u * nthr;
+        const int r = i / IW;
+        const int iy = iy0 + r;
+        const int ix = ix0 + (i - r * IW);
+        // Unconditional load from a clamped address, then a select: no
+        // branch, so all U loads issue back to back.
+        const bool ok = i < total && iy >= 0 && iy < H && ix >= 0 && ix < W;
+        const int iyc = min(max(iy, 0), H - 1);
+        const int ixc = min(max(ix, 0), W - 1);
+        const float x = ldg_float(ip + static_cast<int64_t>(iyc) * W + ixc);
+        v[u] = ok ? x : 0.f;
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int i = base + u * nthr;
+        if (i < total) tile[i] = v[u];
+      }
     }
   }
 
@@ -102,14 +119,14 @@ __global__ void __launch_bounds__(kThreads)
 
 // NHWC (channels_last) kernel.
 //   in   [N][H][W][C]   out [N][Ho][Wo][C]   w [C][K][K]   bias [C] or null
-// Threads: x = a vector of V channels (16-byte loads/stores), y = a group of
+// Threads: x = a vector of V = 4 channels (vector loads/stores), y = a group of
 // RW horizontally adjacent outputs of one output row. Each input vector loaded
 // for a row is reused by every output of the group it touches (register
 // blocking along W). The block's K*K weights for its TX*V channels are staged
 // transposed in shared memory ([tap][channel]) so a thread reads its V
 // weights of one tap as contiguous floats.
 template <typename T, int K, int S, int V, int RW>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 3)
     fwd_nhwc(const T* __restrict__ in, const T* __restrict__ w,
              const T* __restrict__ bias, T* __restrict__ out, int C, int H,
              int W, int Ho, int Wo, int PH, int PW, int groupsW,
@@ -158,23 +175,25 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int kh = 0; kh < K; ++kh) {
     const int iy = oy * S - PH + kh;
-    if (iy < 0 || iy >= H) continue;
+    // Out-of-range rows predicate the loads instead of branching, so the
+    // compiler can issue the loads of several rows ahead of their FMAs.
+    const bool rok = iy >= 0 && iy < H;
     float wk[K][V];
 #pragma unroll
     for (int kw = 0; kw < K; ++kw)
 #pragma unroll
       for (int e = 0; e < V; ++e) wk[kw][e] = sw[(kh * K + kw) * TXC + cl + e];
-    const T* rp = ip + iy * rowstride;
+    const T* rp = ip + min(max(iy, 0), H - 1) * rowstride;
 #pragma unroll
     for (int j = 0; j < NCOL; ++j) {
       const int ix = ixb + j;
+      // Clamped address + select (no branch): the loads of all rows can be
+      // issued ahead of their FMAs.
+      const bool ok = rok && ix >= 0 && ix < W;
       float v[V];
-      if (ix >= 0 && ix < W) {
-        load_vec<T, V>(rp + static_cast<int64_t>(ix) * C, v);
-      } else {
+      load_vec<T, V>(rp + static_cast<int64_t>(min(max(ix, 0), W - 1)) * C, v);
 #pragma unroll
-        for (int e = 0; e < V; ++e) v[e] = 0.f;
-      }
+      for (int e = 0; e < V; ++e) v[e] = ok ? v[e] : 0.f;
 #pragma unroll
       for (int r = 0; r < RW; ++r) {
         const int kw = j - r * S;
@@ -192,6 +211,71 @@ __global__ void __launch_bounds__(kThreads)
     const int ox = ox0 + r;
     if (ox < Wo) store_vec<T, V>(op + static_cast<int64_t>(ox) * C, acc[r]);
   }
+}
+
+// NHWC input gradient for any stride (used for stride 2; stride 1 runs the
+// forward kernel on rot180(w)).
+//   gout [N][Ho][Wo][C]   w [C][K][K]   gin [N][H][W][C]
+// One thread = one input pixel x V channels. It gathers the taps whose output
+// position lands on the stride grid: (iy + PH - kh) % S == 0, likewise for W.
+// All taps are unrolled with predicated loads, so the few valid loads of a
+// pixel are in flight together. Weights staged as [tap][channel] floats.
+template <typename T, int K, int S, int V>
+__global__ void __launch_bounds__(kThreads)
+    bwd_input_nhwc(const T* __restrict__ go, const T* __restrict__ w,
+                   T* __restrict__ gin, int C, int H, int W, int Ho, int Wo,
+                   int PH, int PW, int64_t total_pix) {
+  extern __shared__ float sw[];  // [K*K][TXC]
+  const int TXC = blockDim.x * V;
+  const int c0 = blockIdx.y * TXC;
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  const int nthr = blockDim.x * blockDim.y;
+  for (int i = tid; i < TXC * K * K; i += nthr) {
+    const int cl = i / (K * K);
+    const int t = i - cl * (K * K);
+    const int cc = c0 + cl;
+    sw[t * TXC + cl] = cc < C ? to_float(w[static_cast<int64_t>(cc) * K * K + t]) : 0.f;
+  }
+  __syncthreads();
+
+  const int cl = threadIdx.x * V;
+  const int c = c0 + cl;
+  const int64_t pix = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  if (c >= C || pix >= total_pix) return;
+  const int ix = static_cast<int>(pix % W);
+  const int64_t t2 = pix / W;
+  const int iy = static_cast<int>(t2 % H);
+  const int64_t n = t2 / H;
+
+  float acc[V];
+#pragma unroll
+  for (int e = 0; e < V; ++e) acc[e] = 0.f;
+  const T* gp = go + n * Ho * static_cast<int64_t>(Wo) * C + c;
+#pragma unroll
+  for (int kh = 0; kh < K; ++kh) {
+    const int ty = iy + PH - kh;
+    const bool hok = ty >= 0 && (ty % S) == 0 && ty / S < Ho;
+    const int oy = hok ? ty / S : 0;
+#pragma unroll
+    for (int kw = 0; kw < K; ++kw) {
+      const int tx = ix + PW - kw;
+      const bool ok = hok && tx >= 0 && (tx % S) == 0 && tx / S < Wo;
+      if (ok) {
+        float v[V];
+        load_vec<T, V>(gp + (static_cast<int64_t>(oy) * Wo + tx / S) * C, v);
+#pragma unroll
+        for (int e = 0; e < V; ++e) acc[e] = fmaf(v[e], sw[(kh * K + kw) * TXC + cl + e], acc[e]);
+      }
+    }
+  }
+  store_vec<T, V>(gin + pix * C + c, acc);
+}
+
+// Channel vectors per block: at most `cap`, split evenly over the channel
+// blocks so the last block is not mostly idle (e.g. 36 -> 2 x 18, not 32 + 4).
+int balanced_tx(int cv, int cap) {
+  const int nb = (cv + cap - 1) / cap;
+  return (cv + nb - 1) / nb;
 }
 
 int pick_bx(int wo) { return wo > 96 ? 128 : (wo > 48 ? 64 : 32); }
@@ -235,11 +319,10 @@ void dispatch_r(const void* in, const void* w, const void* bias, void* out,
 template <typename T, int K, int S>
 void run_nhwc(const void* in, const void* w, const void* bias, void* out,
               const FastShape& s, bool flip, cudaStream_t stream) {
-  constexpr int V = 16 / sizeof(T);
+  constexpr int V = 4;
   constexpr int RW = 4;
   const int CV = s.C / V;
-  int TX = 128 / V;
-  if (CV < TX) TX = CV;
+  const int TX = balanced_tx(CV, 128 / V);
   const int TY = kThreads / TX;
   const int groupsW = (s.Wo + RW - 1) / RW;
   const int64_t total = static_cast<int64_t>(s.N) * s.Ho * groupsW;
@@ -287,8 +370,38 @@ bool dispatch_type(DType dt, bool nhwc, const void* in, const void* w,
   return false;
 }
 
-bool aligned16(const void* p) {
-  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+template <typename T, int K, int S>
+void run_bwd_input_nhwc(const void* go, const void* w, void* gin, const FastShape& s,
+                        cudaStream_t stream) {
+  constexpr int V = 4;
+  const int CV = s.C / V;
+  const int TX = balanced_tx(CV, 128 / V);
+  const int TY = kThreads / TX;
+  const int64_t total = static_cast<int64_t>(s.N) * s.H * s.W;
+  const int64_t gx = (total + TY - 1) / TY;
+  const int gy = (CV + TX - 1) / TX;
+  const size_t smem = static_cast<size_t>(K * K) * TX * V * sizeof(float);
+  bwd_input_nhwc<T, K, S, V><<<dim3(static_cast<unsigned>(gx), gy), dim3(TX, TY), smem, stream>>>(
+      static_cast<const T*>(go), static_cast<const T*>(w), static_cast<T*>(gin), s.C, s.H, s.W,
+      s.Ho, s.Wo, s.PH, s.PW, total);
+}
+
+template <typename T>
+bool dispatch_bwd_input(const void* go, const void* w, void* gin, const FastShape& s,
+                        cudaStream_t stream) {
+#define CDO_DW_CASE(KK, SS)                                     \
+  if (s.K == KK && s.S == SS) {                                 \
+    run_bwd_input_nhwc<T, KK, SS>(go, w, gin, s, stream);       \
+    return true;                                                \
+  }
+  CDO_DW_CASE(3, 1)
+  CDO_DW_CASE(3, 2)
+  CDO_DW_CASE(5, 1)
+  CDO_DW_CASE(5, 2)
+  CDO_DW_CASE(7, 1)
+  CDO_DW_CASE(7, 2)
+#undef CDO_DW_CASE
+  return false;
 }
 
 }  // namespace
@@ -304,9 +417,30 @@ bool launch_fwd_nhwc(DType dt, const void* in, const void* w, const void* bias,
                      void* out, const FastShape& s, bool flip,
                      cudaStream_t stream) {
   if (s.Ho <= 0 || s.Wo <= 0 || s.N <= 0 || s.C <= 0) return false;
-  const int V = dt == DType::F32 ? 4 : 8;
-  if (s.C % V != 0 || !aligned16(in) || !aligned16(out)) return false;
+  // 4 channels per thread: 16-byte accesses for float32, 8-byte for 16-bit types.
+  const uintptr_t mask = dt == DType::F32 ? 15u : 7u;
+  if (s.C % 4 != 0 || (reinterpret_cast<uintptr_t>(in) & mask) ||
+      (reinterpret_cast<uintptr_t>(out) & mask))
+    return false;
   return dispatch_type(dt, true, in, w, bias, out, s, flip, stream);
+}
+
+bool launch_bwd_input_nhwc(DType dt, const void* go, const void* w, void* gin,
+                           const FastShape& s, cudaStream_t stream) {
+  if (s.Ho <= 0 || s.Wo <= 0 || s.N <= 0 || s.C <= 0 || s.H <= 0 || s.W <= 0) return false;
+  const uintptr_t mask = dt == DType::F32 ? 15u : 7u;
+  if (s.C % 4 != 0 || (reinterpret_cast<uintptr_t>(go) & mask) ||
+      (reinterpret_cast<uintptr_t>(gin) & mask))
+    return false;
+  switch (dt) {
+    case DType::F32:
+      return dispatch_bwd_input<float>(go, w, gin, s, stream);
+    case DType::F16:
+      return dispatch_bwd_input<c10::Half>(go, w, gin, s, stream);
+    case DType::BF16:
+      return dispatch_bwd_input<c10::BFloat16>(go, w, gin, s, stream);
+  }
+  return false;
 }
 
 }  // namespace depthwise

@@ -124,11 +124,12 @@ __global__ void __launch_bounds__(kThreads)
 //   go [N][Ho][Wo][C], in [N][H][W][C]
 //   ws [C][P = gridDim.x][K*K+1]
 // Threads: x = a vector of V channels, y = a stream of row segments
-// (n, oy, [x0, x0+L)). Along a segment the thread slides a K x K window of
-// V-channel vectors by S columns per output, so each output costs one dY load
-// and K (S=1) input loads. Segments are dealt to (block, ty) round-robin; the
+// (n, oy, [x0, x0+L)). Along a segment the thread walks steps of U outputs,
+// loading the U dY vectors and the K x ((U-1)*S+K) input vectors of a step
+// together (many loads in flight), so each output costs one dY load and about
+// K*((U-1)*S+K)/U input loads, mostly L1 hits. Segments are dealt to (block, ty) round-robin; the
 // block then sums its TY partials per (tap, channel) through shared memory.
-template <typename T, int K, int S, int V>
+template <typename T, int K, int S, int V, int U>
 __global__ void __launch_bounds__(kThreads)
     wgrad_nhwc(const T* __restrict__ go, const T* __restrict__ in,
                float* __restrict__ ws, int C, int H, int W, int Ho, int Wo,
@@ -165,60 +166,44 @@ __global__ void __launch_bounds__(kThreads)
       for (int kh = 0; kh < K; ++kh) {
         const int iy = oy * S - PH + kh;
         rowok[kh] = iy >= 0 && iy < H;
-        rps[kh] = ip + static_cast<int64_t>(iy) * rowstride;
+        rps[kh] = ip + static_cast<int64_t>(min(max(iy, 0), H - 1)) * rowstride;
       }
-      // win[kw][kh][e]: column kw of the window.
-      float win[K][K][V];
-      const int ixb0 = x0 * S - PW;
+      // Steps of U outputs: the U dY vectors and the K x NC input vectors
+      // they touch are independent loads, issued together, then accumulated.
+      constexpr int NC = (U - 1) * S + K;
+      for (int ox0 = x0; ox0 < x1; ox0 += U) {
+        float g[U][V];
 #pragma unroll
-      for (int kw = 0; kw < K; ++kw) {
-        const int ix = ixb0 + kw;
-        const bool xok = ix >= 0 && ix < W;
+        for (int u = 0; u < U; ++u) {
+          const bool ok = ox0 + u < x1;
+          load_vec<T, V>(gp + static_cast<int64_t>(ok ? ox0 + u : x1 - 1) * C, g[u]);
+#pragma unroll
+          for (int e = 0; e < V; ++e) g[u][e] = ok ? g[u][e] : 0.f;
+        }
+        const int ixb = ox0 * S - PW;
 #pragma unroll
         for (int kh = 0; kh < K; ++kh) {
-          if (xok && rowok[kh]) {
-            load_vec<T, V>(rps[kh] + static_cast<int64_t>(ix) * C, win[kw][kh]);
-          } else {
+          float xin[NC][V];
 #pragma unroll
-            for (int e = 0; e < V; ++e) win[kw][kh][e] = 0.f;
+          for (int j = 0; j < NC; ++j) {
+            const int ix = ixb + j;
+            const bool ok = rowok[kh] && ix >= 0 && ix < W;
+            load_vec<T, V>(rps[kh] + static_cast<int64_t>(min(max(ix, 0), W - 1)) * C, xin[j]);
+#pragma unroll
+            for (int e = 0; e < V; ++e) xin[j][e] = ok ? xin[j][e] : 0.f;
           }
+#pragma unroll
+          for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int kw = 0; kw < K; ++kw)
+#pragma unroll
+              for (int e = 0; e < V; ++e)
+                acc[kh * K + kw][e] = fmaf(g[u][e], xin[u * S + kw][e], acc[kh * K + kw][e]);
         }
-      }
-      for (int ox = x0; ox < x1; ++ox) {
-        float g[V];
-        load_vec<T, V>(gp + static_cast<int64_t>(ox) * C, g);
 #pragma unroll
-        for (int kh = 0; kh < K; ++kh)
+        for (int u = 0; u < U; ++u)
 #pragma unroll
-          for (int kw = 0; kw < K; ++kw)
-#pragma unroll
-            for (int e = 0; e < V; ++e)
-              acc[kh * K + kw][e] = fmaf(g[e], win[kw][kh][e], acc[kh * K + kw][e]);
-#pragma unroll
-        for (int e = 0; e < V; ++e) acc[KK][e] += g[e];
-        if (ox + 1 < x1) {
-#pragma unroll
-          for (int kw = 0; kw < K; ++kw) {
-            if (kw + S < K) {
-#pragma unroll
-              for (int kh = 0; kh < K; ++kh)
-#pragma unroll
-                for (int e = 0; e < V; ++e) win[kw][kh][e] = win[kw + S < K ? kw + S : kw][kh][e];
-            } else {
-              const int ix = (ox + 1) * S - PW + kw;
-              const bool xok = ix >= 0 && ix < W;
-#pragma unroll
-              for (int kh = 0; kh < K; ++kh) {
-                if (xok && rowok[kh]) {
-                  load_vec<T, V>(rps[kh] + static_cast<int64_t>(ix) * C, win[kw][kh]);
-                } else {
-#pragma unroll
-                  for (int e = 0; e < V; ++e) win[kw][kh][e] = 0.f;
-                }
-              }
-            }
-          }
-        }
+          for (int e = 0; e < V; ++e) acc[KK][e] += g[u][e];
       }
     }
   }
@@ -302,7 +287,7 @@ PlanNCHW plan_nchw(const FastShape& s) {
 
 template <typename T>
 constexpr int nhwc_vec(int K) {
-  return sizeof(T) == 4 ? 1 : (K >= 7 ? 1 : 2);
+  return (sizeof(T) == 2 && K == 3) ? 2 : 1;
 }
 
 struct PlanNHWC {
@@ -314,7 +299,8 @@ PlanNHWC plan_nhwc(const FastShape& s, int V) {
   PlanNHWC p;
   p.V = V;
   const int CV = s.C / V;
-  p.TX = CV < 32 ? CV : 32;
+  const int nb = (CV + 31) / 32;  // even split over channel blocks
+  p.TX = (CV + nb - 1) / nb;
   p.TY = kThreads / p.TX;
   if (p.TY > 64) p.TY = 64;
   p.L = s.Wo < 16 ? s.Wo : 16;
@@ -345,7 +331,7 @@ void run_wgrad(bool nhwc, const void* go, const void* in, void* gw, void* gb,
     constexpr int V = nhwc_vec<T>(K);
     const PlanNHWC p = plan_nhwc(s, V);
     const size_t smem = 8192 * sizeof(float);
-    wgrad_nhwc<T, K, S, V><<<dim3(static_cast<unsigned>(p.gx), p.gy), dim3(p.TX, p.TY), smem, stream>>>(
+    wgrad_nhwc<T, K, S, V, 4><<<dim3(static_cast<unsigned>(p.gx), p.gy), dim3(p.TX, p.TY), smem, stream>>>(
         static_cast<const T*>(go), static_cast<const T*>(in), ws, s.C, s.H, s.W,
         s.Ho, s.Wo, s.PH, s.PW, p.L, p.segsW, p.segs);
     P = p.gx;
@@ -364,7 +350,7 @@ bool supported(const FastShape& s) {
 }
 
 int vec_for(DType dt, int K) {
-  return dt == DType::F32 ? 1 : (K >= 7 ? 1 : 2);
+  return (dt != DType::F32 && K == 3) ? 2 : 1;
 }
 
 template <typename T>
