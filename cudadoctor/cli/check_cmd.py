@@ -66,14 +66,22 @@ def read_error_text(error: Optional[str], error_file: Optional[str]) -> Optional
     return error
 
 
-def _collect(redacted: bool) -> dict[str, Any]:
+def _installed_ops() -> list:
+    from cudadoctor.inspect import installed_extension_entries
+
+    return installed_extension_entries("cudadoctor_ops", load_check=True)
+
+
+def _collect(redacted: bool, *, with_installed_ops: bool = False) -> dict[str, Any]:
     try:
         from cudadoctor.probes import collect_facts
     except ImportError as exc:
         raise CudadoctorError(f"the probes could not be loaded ({exc}).",
                               hint="Run `cudadoctor check --from FILE` on a saved snapshot instead.") from None
+    # The installed cudadoctor_ops is inspected (and import-checked) concurrently with the probes.
+    extra = {"extensions": _installed_ops} if with_installed_ops else None
     try:
-        facts = collect_facts()
+        facts = collect_facts(extra=extra)
     except CudadoctorError:
         raise
     except Exception as exc:  # noqa: BLE001 - a probe bug must end in a paragraph, not a traceback
@@ -86,11 +94,11 @@ def _collect(redacted: bool) -> dict[str, Any]:
     return facts
 
 
-def add_extensions(facts: dict[str, Any], ext: Optional[list] = None, ext_packages: Optional[list] = None,
-                   *, live: bool = False) -> dict[str, Any]:
-    """Put inspected extensions into ``facts["extensions"]``: each --ext PATH (file, wheel, folder), each
-    --ext-package NAME (an installed package, import-checked in a child process) and, on a live check,
-    an installed cudadoctor_ops."""
+def add_extensions(facts: dict[str, Any], ext: Optional[list] = None,
+                   ext_packages: Optional[list] = None) -> dict[str, Any]:
+    """Put inspected extensions into ``facts["extensions"]``: each --ext PATH (file, wheel, folder) and each
+    --ext-package NAME (an installed package, import-checked in a child process). A live check inspects an
+    installed cudadoctor_ops while probing (see _collect)."""
     from cudadoctor.inspect import inspect_path, installed_extension_entries
 
     found: list = []
@@ -102,8 +110,6 @@ def add_extensions(facts: dict[str, Any], ext: Optional[list] = None, ext_packag
             raise InputError(f"--ext-package {name!r}: no installed package of that name with shared objects.",
                              hint="Give the import name (e.g. cudadoctor_ops), or inspect files with --ext PATH.")
         found.extend(got)
-    if live and not ext_packages:
-        found.extend(installed_extension_entries("cudadoctor_ops", load_check=True))
     if found:
         have = facts.get("extensions") if isinstance(facts.get("extensions"), list) else []
         facts["extensions"] = have + found
@@ -140,8 +146,11 @@ def run_check(
     if from_file == "-" and (error == "-" or error_file == "-"):
         raise InputError("only one of --from and --error/--error-file can read stdin.")
     text = read_error_text(error, error_file)
-    facts = load_facts_file(from_file) if from_file is not None else _collect(redacted=False)
-    facts = add_extensions(facts, ext, ext_packages, live=from_file is None)
+    if from_file is not None:
+        facts = load_facts_file(from_file)
+    else:
+        facts = _collect(redacted=False, with_installed_ops=not ext_packages)
+    facts = add_extensions(facts, ext, ext_packages)
     from cudadoctor.doctor import diagnose
 
     report = diagnose(facts, error_text=text)
