@@ -12,6 +12,7 @@
 #   sanitizer  compute-sanitizer memcheck/racecheck/initcheck/synccheck over
 #              `python -m cudadoctor_ops.sanitize $SANITIZE_OPS` -> sanitizer.log
 #   bench      python -m cudadoctor_ops.bench $BENCH_OPS -> bench.log (+ bench.json)
+#   depthwise  depthwise conv2d: bench, tests, sanitizer -> depthwise-{bench,tests,sanitizer}.log
 # Environment: PYTHON (python3), OUT, MAX_JOBS (nproc), TORCH_CUDA_ARCH_LIST,
 #   TESTS (pytest targets, default tests/ops), SANITIZE_OPS / BENCH_OPS (default batch_norm),
 #   SANITIZE_TOOLS (default: memcheck racecheck initcheck synccheck), BENCH_ARGS (e.g. --quick),
@@ -130,6 +131,44 @@ section_bench() {
   local met
   met="$(grep -E 'rows meet their target' "$log" | tail -n 1)"
   ROWS+=("bench|$([ $rc -eq 0 ] && echo ok || echo FAIL)|$((SECONDS - t0))s|rc=$rc ${met}")
+  return $rc
+}
+
+section_depthwise() {
+  # Depthwise conv2d: benchmark -> depthwise-bench.log (+ .json); tests in three pytest runs (a
+  # crash in one group keeps the others' results; faulthandler prints where) ->
+  # depthwise-tests.log; compute-sanitizer, four tools -> depthwise-sanitizer.log.
+  local t0=$SECONDS rc=0 r log group tool san details=""
+  log="$OUT/depthwise-bench.log"
+  : >"$log"
+  # shellcheck disable=SC2086
+  run_logged depthwise-bench "$(limit_for depthwise_bench 120)" "$log" \
+    "$PY" -m cudadoctor_ops.bench depthwise --json-out "$OUT/depthwise-bench.json" ${BENCH_ARGS:-}
+  r=$?
+  [ $r -ne 0 ] && rc=1
+  details+="bench rc=$r $(grep -E 'rows meet their target' "$log" | tail -n 1); "
+  log="$OUT/depthwise-tests.log"
+  : >"$log"
+  for group in "not opcheck and not compile" "opcheck" "compile"; do
+    echo "==== -k '$group' ====" >>"$log"
+    run_logged depthwise-tests "$(limit_for depthwise_tests 120)" "$log" "$PY" -X faulthandler \
+      -m pytest tests/ops/test_depthwise.py -k "$group" -q -rs -p no:cacheprovider
+    r=$?
+    [ $r -ne 0 ] && rc=1
+    details+="tests[$group] rc=$r $(grep -E '(passed|failed|error)' "$log" | tail -n 1 | sed 's/=//g'); "
+  done
+  log="$OUT/depthwise-sanitizer.log"
+  : >"$log"
+  san="$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")"
+  for tool in ${SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}; do
+    echo "==== $tool ====" >>"$log"
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 run_logged "depthwise-$tool" "$(limit_for depthwise_sanitizer 60)" \
+      "$log" "$san" --tool "$tool" --error-exitcode 17 "$PY" -m cudadoctor_ops.sanitize depthwise
+    r=$?
+    [ $r -ne 0 ] && rc=1
+    details+="$tool rc=$r $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -n 1 | sed 's/^========= //'); "
+  done
+  ROWS+=("depthwise|$([ $rc -eq 0 ] && echo ok || echo FAIL)|$((SECONDS - t0))s|${details}")
   return $rc
 }
 

@@ -289,3 +289,64 @@ class DepthwiseConv2d(nn.Conv2d):
         return depthwise_conv2d(
             input, self.weight, self.bias, self.stride, pad, self.dilation
         )
+
+
+# ---- hooks of `python -m cudadoctor_ops.bench depthwise` / `python -m cudadoctor_ops.sanitize depthwise`
+
+
+def bench_rows(args, timer, copy_tbps):
+    """Benchmark rows of this op (see cudadoctor_ops.bench_depthwise)."""
+    from .bench_depthwise import bench_rows as rows
+
+    return rows(args, timer, copy_tbps)
+
+
+def sanitize_exercise() -> int:
+    """Runs every kernel variant once on small shapes (for compute-sanitizer); returns the count.
+
+    Fast paths (k 3/5/7, stride 1/2, float32/float16/bfloat16, NCHW and channels_last) and the
+    direct kernels (dilation, multiplier, even kernel, wide padding), forward and backward, each
+    checked against F.conv2d in float64; raises AssertionError on a mismatch.
+    """
+    import torch.nn.functional as F
+
+    tol = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def one(n, c, h, w, k, s, p, d, m, dtype, cl):
+        x = torch.randn(n, c, h, w, device="cuda", generator=gen).to(dtype)
+        if cl:
+            x = x.contiguous(memory_format=torch.channels_last)
+        wt = torch.randn(c * m, 1, k, k, device="cuda", generator=gen).to(dtype)
+        b = torch.randn(c * m, device="cuda", generator=gen).to(dtype)
+        for t in (x, wt, b):
+            t.requires_grad_(True)
+        out = depthwise_conv2d(x, wt, b, s, p, d)
+        g = torch.randn(out.shape, device="cuda", generator=gen).to(dtype)
+        out.backward(g)
+        xr, wr, br = (t.detach().double().requires_grad_(True) for t in (x, wt, b))
+        ref = F.conv2d(xr, wr, br, s, p, d, groups=c)
+        ref.backward(g.double())
+        for name, got, r in (("out", out, ref), ("grad_input", x.grad, xr.grad),
+                             ("grad_weight", wt.grad, wr.grad), ("grad_bias", b.grad, br.grad)):
+            err = (got.double() - r).abs().max().item() / max(r.abs().max().item(), 1e-6)
+            assert err <= tol[dtype], (
+                f"depthwise {name} mismatch {err:.2e}: {(n, c, h, w)} k{k} s{s} p{p} d{d} m{m} "
+                f"{dtype} channels_last={cl}"
+            )
+
+    count = 0
+    for k in (3, 5, 7):
+        for s in (1, 2):
+            for dtype in (torch.float32, torch.float16, torch.bfloat16):
+                for cl in (False, True):
+                    one(2, 16, 13, 11, k, s, k // 2, 1, 1, dtype, cl)
+                    count += 1
+    for args in ((2, 8, 9, 10, 3, 1, 2, 2, 1), (2, 4, 7, 9, 3, 2, 1, 1, 2),
+                 (1, 8, 12, 12, 4, 1, 2, 1, 1), (2, 8, 13, 13, 3, 1, 4, 1, 1),
+                 (2, 8, 10, 9, 5, 2, 4, 1, 1)):
+        for cl in (False, True):
+            one(*args, torch.float32, cl)
+            count += 1
+    torch.cuda.synchronize()
+    return count
