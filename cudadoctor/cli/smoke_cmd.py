@@ -44,6 +44,8 @@ def smoke_command(
     device: str = typer.Option("cuda:0", "--device", help="Device the cases run on.", hidden=True),
     log_dir: Optional[str] = typer.Option(None, "--log-dir", help="Keep each child's full output here."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON (cudadoctor.smoke/1)."),
+    json_out: Optional[str] = typer.Option(None, "--json-out", metavar="FILE",
+                                           help="Also write the JSON report to FILE."),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="More detail per finding and sanitizer report."),
     ascii_only: bool = typer.Option(False, "--ascii", help="ASCII marks instead of ✓ ✗ •."),
 ) -> None:
@@ -87,6 +89,12 @@ def smoke_command(
                        log_dir=log_dir)
     progress = None if as_json else (lambda msg: typer.echo(f"smoke: {msg}", err=True))
     report = run_smoke(req, progress=progress)
+    if json_out:
+        try:
+            with open(json_out, "w", encoding="utf-8") as fh:
+                fh.write(render.as_json(report))
+        except OSError as exc:
+            raise InputError(f"cannot write --json-out {json_out!r}: {exc.strerror or exc}.") from None
     if as_json:
         typer.echo(render.as_json(report), nl=False)
     else:
