@@ -324,12 +324,13 @@ def sanitize_exercise() -> int:
         out = depthwise_conv2d(x, wt, b, s, p, d)
         g = torch.randn(out.shape, device="cuda", generator=gen).to(dtype)
         out.backward(g)
-        xr, wr, br = (t.detach().double().requires_grad_(True) for t in (x, wt, b))
+        # Reference on the CPU, so that the sanitizer watches only this op's kernels.
+        xr, wr, br = (t.detach().cpu().double().requires_grad_(True) for t in (x, wt, b))
         ref = F.conv2d(xr, wr, br, s, p, d, groups=c)
-        ref.backward(g.double())
+        ref.backward(g.cpu().double())
         for name, got, r in (("out", out, ref), ("grad_input", x.grad, xr.grad),
                              ("grad_weight", wt.grad, wr.grad), ("grad_bias", b.grad, br.grad)):
-            err = (got.double() - r).abs().max().item() / max(r.abs().max().item(), 1e-6)
+            err = (got.cpu().double() - r).abs().max().item() / max(r.abs().max().item(), 1e-6)
             assert err <= tol[dtype], (
                 f"depthwise {name} mismatch {err:.2e}: {(n, c, h, w)} k{k} s{s} p{p} d{d} m{m} "
                 f"{dtype} channels_last={cl}"
