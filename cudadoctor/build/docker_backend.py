@@ -38,6 +38,72 @@ def _mount(source: str, target: str | None = None, *, read_only: bool = True):
     return docker.types.Mount(target or src, src, type="bind", read_only=read_only)
 
 
+def transfer_mode(env: dict | None = None) -> str:
+    """"mount" for a daemon on this machine (bind mounts), "copy" for a remote one (DOCKER_HOST tcp://
+    or ssh://): files then travel as tar archives, since the daemon cannot see this machine's folders.
+    CUDADOCTOR_DOCKER_TRANSFER=copy|mount overrides."""
+    env = os.environ if env is None else env
+    forced = env.get("CUDADOCTOR_DOCKER_TRANSFER")
+    if forced in ("copy", "mount"):
+        return forced
+    host = env.get("DOCKER_HOST") or ""
+    return "mount" if not host or host.startswith("unix://") or host.startswith("npipe://") else "copy"
+
+
+def tar_tree(members: list[tuple[str, str]], *, dirs: tuple[str, ...] = (), skip=None) -> bytes:
+    """A tar of (host path, path in the container) pairs, folders recursively (``skip``: a callable
+    on a relative path that drops build outputs), plus empty world-writable ``dirs``."""
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for d in dirs:
+            ti = tarfile.TarInfo(d.lstrip("/"))
+            ti.type = tarfile.DIRTYPE
+            ti.mode = 0o1777
+            tar.addfile(ti)
+        for host, inside in members:
+            def _filter(ti, _root=host, _inside=inside):
+                rel = os.path.relpath(ti.name, _inside.lstrip("/")) if ti.name != _inside.lstrip("/") else "."
+                if skip is not None and rel != "." and skip(rel):
+                    return None
+                ti.uid = ti.gid = 0
+                ti.uname = ti.gname = "root"
+                ti.mode |= 0o444 | (0o111 if ti.isdir() else 0)
+                return ti
+            tar.add(host, arcname=inside.lstrip("/"), recursive=True, filter=_filter)
+    return buf.getvalue()
+
+
+def _skip_build_outputs(rel: str) -> bool:
+    from cudadoctor.build.plan import SKIP_DIRS
+
+    parts = rel.split(os.sep)
+    return any(p in SKIP_DIRS or p.endswith(".egg-info") for p in parts) or rel.endswith((".pyc", ".so", ".o"))
+
+
+def fetch_dir(ct, path: str, dest: Path) -> None:
+    """Copy a folder out of a (stopped) container into ``dest``."""
+    import io
+    import tarfile
+
+    stream, _ = ct.container.get_archive(path)
+    data = b"".join(stream)
+    base = os.path.basename(path.rstrip("/"))
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        for m in tar.getmembers():
+            if not m.isfile():
+                continue
+            rel = os.path.relpath(m.name, base)
+            if rel.startswith("..") or os.path.isabs(rel):
+                continue
+            target = dest / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with tar.extractfile(m) as src, open(target, "wb") as fh:
+                fh.write(src.read())
+
+
 def _image_exists(client, tag: str) -> bool:
     docker = dk._docker()
     try:
@@ -67,22 +133,32 @@ def ensure_image(client, plan: BuildPlan, progress: BuildProgress, run_id: str) 
             ) from None
     progress.set_stage(f"making image {recipe.tag} from {recipe.base}")
     env = dict(recipe.setup_env)
-    mounts = [_mount(str(SCRIPTS), SCRIPTS_IN_CONTAINER)]
-    for p in plan.pip.local_paths():
-        if os.path.exists(p):
-            mounts.append(_mount(p))
+    mode = transfer_mode()
+    if plan.pip.ca_bundle and not os.path.isfile(plan.pip.ca_bundle):
+        raise CudadoctorError(
+            f"the CA bundle {plan.pip.ca_bundle} does not exist.",
+            hint="Pass an existing PEM file with --ca-bundle, or unset PIP_CERT/SSL_CERT_FILE/REQUESTS_CA_BUNDLE.",
+        )
+    mounts = []
+    copies = [(str(SCRIPTS), SCRIPTS_IN_CONTAINER)]
     if plan.pip.ca_bundle:
-        if not os.path.isfile(plan.pip.ca_bundle):
-            raise CudadoctorError(
-                f"the CA bundle {plan.pip.ca_bundle} does not exist.",
-                hint="Pass an existing PEM file with --ca-bundle, or unset PIP_CERT/SSL_CERT_FILE/REQUESTS_CA_BUNDLE.",
-            )
-        mounts.append(_mount(plan.pip.ca_bundle, CA_IN_CONTAINER))
+        copies.append((plan.pip.ca_bundle, CA_IN_CONTAINER))
+    if mode == "mount":
+        mounts = [_mount(h, c) for h, c in copies]
+        copies = []
+        for p in plan.pip.local_paths():
+            if os.path.exists(p):
+                mounts.append(_mount(p))
+    elif plan.pip.local_paths():
+        progress.write("[cudadoctor] remote daemon: local pip folders "
+                       + ", ".join(plan.pip.local_paths()) + " are not visible to it")
     with dk.sigterm_as_interrupt(), dk.Container(
         client, recipe.base, ["sh", f"{SCRIPTS_IN_CONTAINER}/{recipe.setup_script}"], run_id=run_id,
         role="setup", keep=plan.keep_container, environment=env, mounts=mounts, network_mode="host",
         user="0:0",
     ) as ct:
+        if copies:
+            ct.container.put_archive("/", tar_tree(copies))
         ct.start()
         rc = ct.stream(progress.line)
         if rc != 0:
@@ -118,7 +194,6 @@ def _build(plan: BuildPlan, *, work_dir: Path, staging: Path, progress: BuildPro
     client = dk.client()
     run_id = dk.new_run_id()
     tag = ensure_image(client, plan, progress, run_id)
-    work_dir.mkdir(parents=True, exist_ok=True)
     staging.mkdir(parents=True, exist_ok=True)
     env = dict(plan.env)
     env.update({
@@ -128,12 +203,18 @@ def _build(plan: BuildPlan, *, work_dir: Path, staging: Path, progress: BuildPro
         "CCACHE_DIR": "/build/ccache",
         "PYTHONUNBUFFERED": "1",
     })
-    mounts = [
-        _mount(plan.source, "/src"),
-        _mount(str(SCRIPTS), SCRIPTS_IN_CONTAINER),
-        _mount(str(work_dir.resolve()), "/build", read_only=False),
-        _mount(str(staging.resolve()), "/out", read_only=False),
-    ]
+    mode = transfer_mode()
+    if mode == "mount":
+        work_dir.mkdir(parents=True, exist_ok=True)
+        mounts = [
+            _mount(plan.source, "/src"),
+            _mount(str(SCRIPTS), SCRIPTS_IN_CONTAINER),
+            _mount(str(work_dir.resolve()), "/build", read_only=False),
+            _mount(str(staging.resolve()), "/out", read_only=False),
+        ]
+    else:
+        mounts = []
+        env["CCACHE_DIR"] = "/build/ccache"
     cmd = ["python", f"{SCRIPTS_IN_CONTAINER}/build_wheel.py", "--src", "/src", "--work", "/build",
            "--out", "/out", "--info", "/out/build-info.json"]
     progress.set_stage(f"building in {tag} (TORCH_CUDA_ARCH_LIST={plan.target.arch_list}, {plan.jobs} job(s))")
@@ -142,8 +223,14 @@ def _build(plan: BuildPlan, *, work_dir: Path, staging: Path, progress: BuildPro
         mounts=mounts, network_mode="none", user=f"{os.getuid()}:{os.getgid()}", working_dir="/build",
         labels={"org.cudadoctor.target": plan.target.name},
     ) as ct:
+        if mode == "copy":
+            progress.write(f"[cudadoctor] copying the source into the container (daemon at {dk.daemon_address()})")
+            ct.container.put_archive("/", tar_tree([(plan.source, "/src"), (str(SCRIPTS), SCRIPTS_IN_CONTAINER)],
+                                                   dirs=("/build", "/out"), skip=_skip_build_outputs))
         ct.start()
         rc = ct.stream(progress.line)
+        if mode == "copy" and rc == 0:
+            fetch_dir(ct, "/out", staging)
     if rc != 0:
         raise BuildFailed(rc)
     wheels = sorted(staging.glob("*.whl"))

@@ -159,7 +159,11 @@ def run_plan(plan: P.BuildPlan, req: BuildRequest, console: Console, *, local_en
                     "library, `cudadoctor check` shows what the environment lacks.",
                 ) from None
             prog.set_stage("inspecting every shared object")
-            archs = verify(raw, plan.target.sass, plan.target.ptx)
+            try:
+                archs = verify(raw, plan.target.sass, plan.target.ptx)
+            except RefusedError as exc:
+                exc.message += f" The build log is kept at {log}."
+                raise
             info = json.loads((staging / "build-info.json").read_text())
             src_hash = P.source_hash(plan.source)
             manifest = make_manifest(plan, info, archs, src_hash)

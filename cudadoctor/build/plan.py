@@ -438,8 +438,8 @@ def build_env(target: Target, *, jobs: int, threads: int, compress: bool = True,
               extra_nvcc: Iterable[str] = ()) -> dict[str, str]:
     """Environment for the build step: arch list, job count, nvcc flags appended to every nvcc call."""
     nvcc = [f"--threads={threads}"]
-    if compress:
-        nvcc += ["-Xfatbin", "-compress-all"]
+    # appended after the project's own flags, so --no-compress also undoes a project's -compress-all
+    nvcc += ["-Xfatbin", "-compress-all"] if compress else ["--no-compress"]
     nvcc += list(extra_nvcc)
     return {
         "TORCH_CUDA_ARCH_LIST": target.arch_list,
@@ -453,8 +453,7 @@ def build_env(target: Target, *, jobs: int, threads: int, compress: bool = True,
 def nvcc_flags(target: Target, *, threads: int, compress: bool = True) -> list[str]:
     """The device-code flags the build adds (gencode flags come from TORCH_CUDA_ARCH_LIST through torch)."""
     flags = _archs.gencode_flags(list(target.archs)) + [f"--threads={threads}"]
-    if compress:
-        flags += ["-Xfatbin", "-compress-all"]
+    flags += ["-Xfatbin", "-compress-all"] if compress else ["--no-compress"]
     return flags
 
 

@@ -157,3 +157,24 @@ def test_ctrl_c_removes_the_build_container(base_image, client, tmp_path):
     assert "interrupted" in err and "Traceback" not in err
     assert labelled(client) == []
     assert list((tmp_path / "dist").glob("*.whl")) == []
+
+
+def test_copy_transfer_for_remote_daemons(base_image, client, tmp_path):
+    """With a remote daemon (DOCKER_HOST tcp:// or ssh://) nothing is bind-mounted: the source goes in
+    and the wheel comes out as tar archives. Forced here against the local daemon."""
+    env = dict(os.environ, CUDADOCTOR_DOCKER_TRANSFER="copy")
+    env.pop("CUDADOCTOR_KEEP_CONTAINER", None)
+    out = tmp_path / "dist"
+    r = subprocess.run(
+        [sys.executable, "-m", "cudadoctor", "build", str(FIX / "ext_min"), "--arch", "8.9", "--toolkit", "pip",
+         "--base-image", base_image, "--out", str(out), "--work-dir", str(tmp_path / "work")],
+        capture_output=True, text=True, env=env, timeout=1800, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    wheel = next(out.glob("*.whl"))
+    log = wheel.with_name(wheel.name[:-4] + ".build.log").read_text()
+    assert "copying the source into the container" in log
+    assert not any(p.is_file() for p in (tmp_path / "work").rglob("*"))  # no work folder was mounted
+    from cudadoctor.build.manifest import read_manifest
+
+    assert read_manifest(wheel)["shared_objects"]["ext_min/_C.cpython-311-x86_64-linux-gnu.so"]["sass"] == ["sm_89"]
+    assert labelled(client) == []
