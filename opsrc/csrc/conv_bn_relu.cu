@@ -615,7 +615,7 @@ ChannelOf channel_of(const Layout& l) {
   return ch;
 }
 
-int64_t mask_bytes(int64_t numel) { return ((numel + 31) / 32) * 4; }
+int64_t mask_bytes(int64_t numel) { return (numel + kGroup - 1) / kGroup; }
 
 std::array<int64_t, 2> pair_arg(at::IntArrayRef v, const char* op, const char* name) {
   TORCH_CHECK(v.size() == 1 || v.size() == 2, op, ": ", name,
@@ -628,8 +628,11 @@ bool use_depthwise(const at::Tensor& input, const at::Tensor& weight, int64_t gr
   if (input.scalar_type() == at::kDouble) return false;
   const int64_t C = input.size(1);
   if (groups != C || C <= 1 || weight.size(0) != C || weight.size(1) != 1) return false;
-  static const bool registered =
-      c10::Dispatcher::singleton().findSchema({"cudadoctor_ops::depthwise_conv2d", ""}).has_value();
+  // the schema lives in ops.cpp; the kernels only when depthwise*.cu are part of the build
+  static const bool registered = [] {
+    auto h = c10::Dispatcher::singleton().findSchema({"cudadoctor_ops::depthwise_conv2d", ""});
+    return h.has_value() && h->hasKernelForDispatchKey(c10::DispatchKey::CUDA);
+  }();
   return registered;
 }
 
@@ -950,8 +953,11 @@ conv_bn_relu_backward_cuda(const at::Tensor& grad_out, const at::Tensor& input,
   if (need_conv_grad) {
     auto r = conv_backward(dconv, input, conv_weight, stride, padding, dilation, groups,
                            {output_mask[0], output_mask[1], output_mask[2]});
+    // fixed layouts (what the fake kernel promises): input's and weight's own
     gi = std::get<0>(r);
+    if (gi.defined()) gi = gi.contiguous(bn::make_layout(input).format);
     gcw = std::get<1>(r);
+    if (gcw.defined()) gcw = gcw.contiguous(bn::make_layout(conv_weight).format);
     gcb = std::get<2>(r);
   }
   auto or_empty = [&](const at::Tensor& t) {

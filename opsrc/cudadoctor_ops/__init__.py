@@ -27,7 +27,7 @@ __version__ = "0.1.0"
 
 # Op modules, in order. Each registers its fakes/autograd on import and lists its public names
 # in __all__. A module that is not present in this checkout is skipped.
-_OP_MODULES = ("batch_norm", "depthwise")
+_OP_MODULES = ("batch_norm", "depthwise", "conv_bn_relu")
 
 __all__: list[str] = []
 for _name in _OP_MODULES:

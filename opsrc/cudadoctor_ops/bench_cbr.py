@@ -1,0 +1,334 @@
+"""Benchmarks of the fused Conv2d -> BatchNorm2d -> ReLU against eager torch and torch.compile.
+
+    python -m cudadoctor_ops.bench cbr [--quick]        (rows in the shared bench table)
+    python -m cudadoctor_ops.bench_cbr [--quick] [--no-compile] [--no-resnet] [--json]
+
+Per (shape, dtype, layout), measured in the same run: training forward (autograd recording, as in
+a training step), forward + backward, and eval forward, for the fused module, eager
+Conv2d + BatchNorm2d + ReLU and ``torch.compile`` of that eager block. Saved-for-backward memory:
+bytes the autograd graph holds after the forward once the output itself is dropped (what backward
+keeps alive), and the peak of the forward. A torchvision ResNet-50 training step (channels_last,
+bf16 autocast, SGD) after ``fuse_conv_bn_relu`` against the unfused model: images/s and the loss
+of 20 steps from the same seed and data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+_DT = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+# (N, C, H, W) -> K, stride, dtype, layout, label
+HEADLINE = [
+    ((32, 64, 56, 56), 64, 1, "fp16", "nhwc"),
+    ((32, 64, 56, 56), 64, 1, "fp32", "nchw"),
+    ((64, 128, 28, 28), 128, 1, "bf16", "nhwc"),
+]
+# the 3x3 convolutions of ResNet-50 (torchvision, stride on the 3x3) at batch 64
+RESNET50_3X3 = [
+    ((64, 64, 56, 56), 64, 1),
+    ((64, 128, 56, 56), 128, 2),
+    ((64, 128, 28, 28), 128, 1),
+    ((64, 256, 28, 28), 256, 2),
+    ((64, 256, 14, 14), 256, 1),
+    ((64, 512, 14, 14), 512, 2),
+    ((64, 512, 7, 7), 512, 1),
+]
+TARGETS = {"train fwd": 1.3, "train fwd vs compile": 1.0, "fwd+bwd": 1.2, "eval fwd": 1.5}
+
+
+def _blocks(shape, k, stride, dtype, layout):
+    from .conv_bn_relu import ConvBNReLU2d
+
+    n, c, h, w = shape
+    torch.manual_seed(0)
+    conv = nn.Conv2d(c, k, 3, stride, 1, bias=False)
+    bn = nn.BatchNorm2d(k)
+    eager = nn.Sequential(conv, bn, nn.ReLU(inplace=True)).cuda()
+    eager[0].to(dtype)
+    x = torch.randn(shape, device="cuda", dtype=dtype)
+    if layout == "nhwc":
+        eager = eager.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
+    fused_conv, fused_bn = copy.deepcopy(eager[0]), copy.deepcopy(eager[1])
+    fused = ConvBNReLU2d.from_modules(fused_conv, fused_bn)
+    return x, eager, fused
+
+
+def _held_bytes(fn, x) -> tuple[int, int]:
+    """(bytes held by the graph after forward with the output dropped, peak bytes of forward)."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    y = fn(x)
+    loss = y.float().sum()
+    peak = torch.cuda.max_memory_allocated() - before
+    del y
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated() - before
+    loss.backward()
+    del loss
+    return held, peak
+
+
+def bench_case(timer, shape, k, stride, dt, layout, compile_block: bool) -> dict:
+    dtype = _DT[dt]
+    x, eager, fused = _blocks(shape, k, stride, dtype, layout)
+    res: dict = {"shape": shape, "k": k, "stride": stride, "dtype": dt, "layout": layout}
+    xg = x.detach().requires_grad_(True)
+    gy = None
+
+    def fwd(m):
+        return lambda: m(xg)
+
+    def fwd_bwd(m):
+        def run():
+            y = m(xg)
+            y.backward(gy)
+
+        return run
+
+    eager.train()
+    fused.train()
+    gy = torch.randn_like(eager(xg))
+    # correctness spot-check of this very case
+    ref = eager(xg)
+    out = fused(xg)
+    res["max_rel_err"] = ((out.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-6)).item()
+    del ref, out
+    res["train fwd"] = (timer(fwd(fused)), timer(fwd(eager)))
+    res["fwd+bwd"] = (timer(fwd_bwd(fused)), timer(fwd_bwd(eager)))
+    if compile_block:
+        try:
+            compiled = torch.compile(copy.deepcopy(eager))
+            compiled(xg)
+            fwd_bwd(compiled)()
+            res["train fwd vs compile"] = (res["train fwd"][0], timer(fwd(compiled)))
+            res["fwd+bwd vs compile"] = (res["fwd+bwd"][0], timer(fwd_bwd(compiled)))
+        except Exception as exc:  # noqa: BLE001 - report, keep benchmarking
+            res["compile_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    xg.grad = None
+    for p in list(eager.parameters()) + list(fused.parameters()):
+        p.grad = None
+    held_f, peak_f = _held_bytes(lambda t: fused(t), xg)
+    held_e, peak_e = _held_bytes(lambda t: eager(t), xg)
+    res["saved_bytes"] = {"ours": held_f, "eager": held_e, "ours_peak": peak_f, "eager_peak": peak_e}
+    eager.eval()
+    fused.eval()
+    with torch.no_grad():
+        res["eval fwd"] = (timer(lambda: fused(x)), timer(lambda: eager(x)))
+        fused.eval_impl = "epilogue"
+        res["eval fwd epilogue"] = (timer(lambda: fused(x)), res["eval fwd"][1])
+        fused.eval_impl = "auto"
+    return res
+
+
+def resnet50_step(steps: int = 20, batch: int = 64, timed: int = 10) -> dict:
+    """ResNet-50 training steps, eager vs fused, same init and data, bf16 autocast."""
+    try:
+        import torchvision
+    except Exception as exc:  # noqa: BLE001 - torchvision is optional
+        return {"skipped": f"torchvision not importable: {exc}"}
+    from .conv_bn_relu import fuse_conv_bn_relu
+
+    torch.manual_seed(0)
+    base = torchvision.models.resnet50().cuda().to(memory_format=torch.channels_last)
+    eager = copy.deepcopy(base)
+    fused = fuse_conv_bn_relu(copy.deepcopy(base))
+    del base
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    data = [
+        (
+            torch.randn(batch, 3, 224, 224, device="cuda", generator=gen).contiguous(memory_format=torch.channels_last),
+            torch.randint(0, 1000, (batch,), device="cuda", generator=gen),
+        )
+        for _ in range(4)
+    ]
+
+    def make_step(model):
+        opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9, weight_decay=1e-4)
+
+        def step(i):
+            x, y = data[i % len(data)]
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        return step
+
+    step_e, step_f = make_step(eager), make_step(fused)
+    losses_e, losses_f = [], []
+    for i in range(steps):
+        losses_e.append(step_e(i).item())
+        losses_f.append(step_f(i).item())
+
+    def ips(step):
+        for i in range(3):
+            step(i)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for i in range(timed):
+            step(i)
+        torch.cuda.synchronize()
+        return batch * timed / (time.perf_counter() - t0)
+
+    ips_e = ips(step_e)
+    ips_f = ips(step_f)
+    ips_e2 = ips(step_e)  # eager again: run-to-run spread
+    max_rel = max(abs(a - b) / max(abs(b), 1e-6) for a, b in zip(losses_f, losses_e))
+    return {
+        "fused_chains": fused.__dict__.get("_cbr_fused", 0),
+        "images_per_s_eager": ips_e,
+        "images_per_s_eager_again": ips_e2,
+        "images_per_s_fused": ips_f,
+        "speedup": ips_f / max(ips_e, ips_e2),
+        "losses_eager": losses_e,
+        "losses_fused": losses_f,
+        "max_rel_loss_diff": max_rel,
+    }
+
+
+def _cases(quick: bool):
+    cases = [(s, k, 1, dt, lay) for s, k, _, dt, lay in HEADLINE]
+    if not quick:
+        for s, k, st in RESNET50_3X3:
+            cases.append((s, k, st, "bf16", "nhwc"))
+            cases.append((s, k, st, "fp32", "nchw"))
+    seen, out = set(), []
+    for c in cases:
+        if c not in seen:
+            seen.add(c)
+            out.append(c)
+    return out
+
+
+def run(timer, quick: bool = False, compile_block: bool = True, progress=None) -> list[dict]:
+    results = []
+    for shape, k, st, dt, lay in _cases(quick):
+        headline = (shape, k, 1, dt, lay) in [(s, kk, 1, d, l) for s, kk, _, d, l in HEADLINE]
+        r = bench_case(timer, shape, k, st, dt, lay, compile_block and headline)
+        results.append(r)
+        if progress:
+            progress(r)
+        torch.cuda.empty_cache()
+    return results
+
+
+def bench_rows(args, timer, copy_tbps) -> list:
+    """Rows of the shared table (python -m cudadoctor_ops.bench cbr)."""
+    from .bench import Row
+
+    rows = []
+
+    def progress(r):
+        sb = r["saved_bytes"]
+        print(
+            f"  conv_bn_relu {r['shape']}->{r['k']} s{r['stride']} {r['dtype']} {r['layout']}: "
+            f"saved-for-backward {sb['ours'] / 2**20:.1f} MiB vs eager {sb['eager'] / 2**20:.1f} MiB "
+            f"({sb['ours'] / max(sb['eager'], 1):.2f}x, target <= 0.75x); forward peak "
+            f"{sb['ours_peak'] / 2**20:.1f} vs {sb['eager_peak'] / 2**20:.1f} MiB; max rel err {r['max_rel_err']:.2e}"
+            + (f"; compile failed: {r['compile_error']}" if "compile_error" in r else ""),
+            file=sys.stderr,
+            flush=True,
+        )
+
+    results = run(timer, quick=getattr(args, "quick", False), compile_block=True, progress=progress)
+    for r in results:
+        n, c, h, w = r["shape"]
+        nbytes = _DT[r["dtype"]].itemsize * (n * c * h * w + 4 * n * r["k"] * (h // r["stride"]) * (w // r["stride"]))
+        for kind in ("train fwd", "train fwd vs compile", "fwd+bwd", "fwd+bwd vs compile", "eval fwd",
+                     "eval fwd epilogue"):
+            if kind not in r:
+                continue
+            ours, theirs = r[kind]
+            row = Row("conv_bn_relu", kind, r["shape"] + (r["k"],), r["dtype"], r["layout"], ours, theirs, nbytes,
+                      TARGETS.get(kind, 0.0))
+            rows.append(row.finish(copy_tbps))
+    res = resnet50_step()
+    print(f"  resnet50 train step: {json.dumps(res)}", file=sys.stderr, flush=True)
+    return rows
+
+
+def _fmt(results: list[dict], resnet: dict) -> str:
+    lines = [f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}"]
+    head = ["shape->K s", "dtype", "layout", "kind", "ours ms", "ref ms", "ratio", "target", "met"]
+    table = [head]
+    for r in results:
+        label = f"{r['shape']}->{r['k']} s{r['stride']}"
+        for kind in ("train fwd", "train fwd vs compile", "fwd+bwd", "fwd+bwd vs compile", "eval fwd",
+                     "eval fwd epilogue"):
+            if kind not in r:
+                continue
+            ours, theirs = r[kind]
+            ratio = theirs / ours
+            tgt = TARGETS.get(kind)
+            table.append([label, r["dtype"], r["layout"], kind, f"{ours:.4f}", f"{theirs:.4f}", f"{ratio:.2f}x",
+                          f">={tgt}x" if tgt else "-", ("yes" if ratio >= tgt else "NO") if tgt else "-"])
+        sb = r["saved_bytes"]
+        ratio = sb["ours"] / max(sb["eager"], 1)
+        table.append([label, r["dtype"], r["layout"], "saved MiB", f"{sb['ours'] / 2**20:.1f}",
+                      f"{sb['eager'] / 2**20:.1f}", f"{ratio:.2f}x", "<=0.75x", "yes" if ratio <= 0.75 else "NO"])
+    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    for i, row in enumerate(table):
+        lines.append("  ".join(v.ljust(widths[j]) for j, v in enumerate(row)))
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    if resnet:
+        lines.append("")
+        if "skipped" in resnet:
+            lines.append(f"ResNet-50: {resnet['skipped']}")
+        else:
+            lines.append(
+                f"ResNet-50 bs64 bf16 channels_last train step: {resnet['images_per_s_fused']:.0f} img/s fused vs "
+                f"{resnet['images_per_s_eager']:.0f} / {resnet['images_per_s_eager_again']:.0f} eager "
+                f"({resnet['speedup']:.2f}x, target >= 1.1x); {resnet['fused_chains']} chains fused; "
+                f"loss max rel diff over {len(resnet['losses_eager'])} steps {resnet['max_rel_loss_diff']:.2e}"
+            )
+            lines.append("  eager: " + " ".join(f"{v:.4f}" for v in resnet["losses_eager"]))
+            lines.append("  fused: " + " ".join(f"{v:.4f}" for v in resnet["losses_fused"]))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cudadoctor_ops.bench_cbr", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="only the three headline shapes")
+    parser.add_argument("--no-compile", action="store_true", help="skip torch.compile of the eager block")
+    parser.add_argument("--no-resnet", action="store_true", help="skip the ResNet-50 training step")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--rep-ms", type=float, default=60, help="measuring time per timing (ms)")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("cudadoctor_ops.bench_cbr: no CUDA GPU visible; the benchmarks need one.", file=sys.stderr)
+        return 2
+    import cudadoctor_ops  # noqa: F401  (loads the kernels)
+
+    from .bench import Timer
+
+    timer = Timer(rep_ms=args.rep_ms)
+
+    def progress(r):
+        print(f"  done {r['shape']}->{r['k']} {r['dtype']} {r['layout']}", file=sys.stderr, flush=True)
+
+    results = run(timer, quick=args.quick, compile_block=not args.no_compile, progress=progress)
+    resnet = {} if args.no_resnet else resnet50_step()
+    if args.json:
+        print(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cases": results,
+                          "resnet50": resnet}, default=list))
+    else:
+        print(_fmt(results, resnet))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

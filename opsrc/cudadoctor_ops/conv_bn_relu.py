@@ -1,0 +1,712 @@
+"""Fused Conv2d -> BatchNorm2d -> ReLU on CUDA.
+
+Public API:
+
+* :func:`conv_bn_relu` -- ``relu(batch_norm(conv2d(input, conv_weight, conv_bias, ...)))`` with the
+  exact semantics of the three torch modules in training mode (batch statistics, running
+  statistics updated in place with the unbiased variance and ``momentum``) and in eval mode
+  (running statistics). Differentiable in input, conv_weight, conv_bias, bn_weight and bn_bias.
+* :class:`ConvBNReLU2d` -- a module with ``conv`` (:class:`torch.nn.Conv2d`) and ``bn``
+  (:class:`torch.nn.BatchNorm2d`) submodules, so its ``state_dict`` is the one of
+  ``nn.Sequential(OrderedDict(conv=..., bn=...))``.
+* :func:`fuse_conv_bn_relu` -- rewrites an existing model in place: Conv2d -> BatchNorm2d -> ReLU
+  chains inside ``nn.Sequential`` and the torchvision ResNet stem / BasicBlock / Bottleneck run
+  through the fused op, with the model's ``state_dict`` keys and values unchanged.
+
+Training: the convolution runs through ATen (cuDNN) or, for depthwise weights, the depthwise op;
+then one reduction for the batch statistics and one fused BatchNorm + ReLU pass that also writes a
+1-bit-per-element ReLU mask. Backward keeps the convolution output, the per-channel mean and
+inverse std and that mask, and not the BatchNorm or ReLU output. Eval: BatchNorm folded into the
+convolution (``W' = W * gamma / sqrt(var + eps)``, ``b' = (b - mean) * gamma / sqrt(var + eps) +
+beta``), cached by the modules until a parameter or running statistic changes, and run as one
+convolution + bias + ReLU (cuDNN's fused engine where available, else an epilogue kernel).
+
+CPU tensors run the plain torch ops, so rewritten models still work off the GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+from collections.abc import Sequence
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["conv_bn_relu", "ConvBNReLU2d", "fuse_conv_bn_relu"]
+
+_ops = torch.ops.cudadoctor_ops
+
+
+def _has_cuda_kernel(qualname: str) -> bool:
+    try:
+        return bool(torch._C._dispatch_has_kernel_for_dispatch_key(qualname, "CUDA"))
+    except Exception:  # noqa: BLE001 - op not defined in this build
+        return False
+
+
+_HAS_DEPTHWISE = _has_cuda_kernel("cudadoctor_ops::depthwise_conv2d")
+_HAS_UPDATE_STATS = _has_cuda_kernel("cudadoctor_ops::batch_norm_update_stats")
+
+# conv_bias_relu impl codes: 0 auto (cuDNN fused conv+bias+ReLU where available), 1 epilogue.
+EVAL_IMPLS = {"auto": 0, "epilogue": 1}
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _pair(value, name: str) -> list[int]:
+    if isinstance(value, bool):
+        raise ValueError(f"conv_bn_relu: {name} must be an int or a pair of ints, got {value!r}")
+    if isinstance(value, int):
+        return [value, value]
+    vals = list(value)
+    if len(vals) == 1:
+        vals = vals * 2
+    if len(vals) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in vals):
+        raise ValueError(f"conv_bn_relu: {name} must be an int or a pair of ints, got {value!r}")
+    return vals
+
+
+def _uses_depthwise(input: Tensor, weight: Tensor, groups: int) -> bool:
+    # Same rule as conv_bn_relu.cu: depthwise weights [C, 1, kh, kw] with groups == C go to the
+    # depthwise op (not for float64), whose output keeps the input's memory format.
+    c = input.shape[1]
+    return (
+        input.dtype != torch.float64
+        and groups == c
+        and c > 1
+        and weight.shape[0] == c
+        and weight.shape[1] == 1
+        and _HAS_DEPTHWISE
+    )
+
+
+def _kernel_format(t: Tensor) -> torch.memory_format:
+    # The layout the CUDA side keeps: channels_last when the tensor is channels_last and not
+    # also plain contiguous, else contiguous (odd strides are copied).
+    if not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last):
+        return torch.channels_last
+    return torch.contiguous_format
+
+
+def _conv_out_fake(input, weight, bias, stride, padding, dilation, groups) -> Tensor:
+    out = torch.ops.aten.convolution(input, weight, bias, stride, padding, dilation, False, [0, 0], groups)
+    if _uses_depthwise(input, weight, groups):
+        return torch.empty_like(out, memory_format=_kernel_format(input))
+    return torch.empty_like(out, memory_format=_kernel_format(out))
+
+
+def _mask_bytes(numel: int) -> int:
+    return (numel + 7) // 8
+
+
+# ---------------------------------------------------------------- fake kernels
+
+
+@torch.library.register_fake("cudadoctor_ops::conv_bn_relu_train")
+def _train_fake(input, conv_weight, conv_bias, bn_weight, bn_bias, eps, stride, padding, dilation, groups):
+    conv_out = _conv_out_fake(input, conv_weight, conv_bias, stride, padding, dilation, groups)
+    c = conv_out.shape[1]
+    acc = _acc_dtype(input.dtype)
+    save_mean = input.new_empty((c,), dtype=acc)
+    save_invstd = input.new_empty((c,), dtype=acc)
+    mask = input.new_empty((_mask_bytes(conv_out.numel()),), dtype=torch.uint8)
+    return torch.empty_like(conv_out), conv_out, save_mean, save_invstd, mask
+
+
+@torch.library.register_fake("cudadoctor_ops::conv_bn_relu_backward")
+def _backward_fake(
+    grad_out, input, conv_weight, conv_out, bn_weight, save_mean, save_invstd, mask, stride, padding, dilation,
+    groups, output_mask,
+):
+    def empty():
+        return input.new_empty((0,))
+
+    c = conv_out.shape[1]
+    pdtype = bn_weight.dtype if bn_weight is not None else _acc_dtype(input.dtype)
+    gi = torch.empty_like(input, memory_format=_kernel_format(input)) if output_mask[0] else empty()
+    gw = torch.empty_like(conv_weight, memory_format=_kernel_format(conv_weight)) if output_mask[1] else empty()
+    gcb = input.new_empty((conv_weight.shape[0],)) if output_mask[2] else empty()
+    gbw = input.new_empty((c,), dtype=pdtype) if output_mask[3] else empty()
+    gbb = input.new_empty((c,), dtype=pdtype) if output_mask[4] else empty()
+    return gi, gw, gcb, gbw, gbb
+
+
+@torch.library.register_fake("cudadoctor_ops::conv_bias_relu")
+def _conv_bias_relu_fake(input, weight, bias, stride, padding, dilation, groups, impl=0):
+    b = None if bias is None else bias.to(input.dtype)
+    return _conv_out_fake(input, weight, b, stride, padding, dilation, groups)
+
+
+# ---------------------------------------------------------------- autograd
+
+
+def _train_setup_context(ctx, inputs, output):
+    input, conv_weight, conv_bias, bn_weight, bn_bias, _eps, stride, padding, dilation, groups = inputs
+    _out, conv_out, save_mean, save_invstd, mask = output
+    ctx.save_for_backward(input, conv_weight, conv_out, bn_weight, save_mean, save_invstd, mask)
+    ctx.conv = (stride, padding, dilation, groups)
+    ctx.has = (conv_bias is not None, bn_weight is not None, bn_bias is not None)
+    ctx.bias_dtype = None if bn_bias is None else bn_bias.dtype
+    ctx.mark_non_differentiable(conv_out, save_mean, save_invstd, mask)
+
+
+def _train_backward(ctx, grad_out, _g_conv_out, _g_mean, _g_invstd, _g_mask):
+    input, conv_weight, conv_out, bn_weight, save_mean, save_invstd, mask = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    has_cb, has_bw, has_bb = ctx.has
+    output_mask = [
+        bool(need[0]),
+        bool(need[1]),
+        has_cb and bool(need[2]),
+        has_bw and bool(need[3]),
+        has_bb and bool(need[4]),
+    ]
+    nones = [None] * 10
+    if grad_out is None or not any(output_mask):
+        return tuple(nones)
+    stride, padding, dilation, groups = ctx.conv
+    gi, gw, gcb, gbw, gbb = _ops.conv_bn_relu_backward(
+        grad_out, input, conv_weight, conv_out, bn_weight, save_mean, save_invstd, mask,
+        stride, padding, dilation, groups, output_mask,
+    )
+    if output_mask[4] and ctx.bias_dtype is not None and gbb.dtype != ctx.bias_dtype:
+        gbb = gbb.to(ctx.bias_dtype)
+    grads = [gi, gw, gcb, gbw, gbb]
+    result = [g if m else None for g, m in zip(grads, output_mask)]
+    return tuple(result + [None] * 5)
+
+
+torch.library.register_autograd(
+    "cudadoctor_ops::conv_bn_relu_train", _train_backward, setup_context=_train_setup_context
+)
+
+
+class _TrainFn(torch.autograd.Function):
+    """The same forward / backward as the registered autograd formula, as a plain
+    autograd.Function: the modules use it in eager mode, where it costs less host time per call
+    (the registered formula is what torch.compile and the functional API go through)."""
+
+    @staticmethod
+    def forward(ctx, input, conv_weight, conv_bias, bn_weight, bn_bias, eps, stride, padding, dilation, groups):
+        output = _train_op(input, conv_weight, conv_bias, bn_weight, bn_bias, eps, stride, padding, dilation, groups)
+        _train_setup_context(
+            ctx, (input, conv_weight, conv_bias, bn_weight, bn_bias, eps, stride, padding, dilation, groups), output
+        )
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_out, g_conv_out, g_mean, g_invstd, g_mask):
+        return _train_backward(ctx, grad_out, g_conv_out, g_mean, g_invstd, g_mask)
+
+
+_train_op = _ops.conv_bn_relu_train.default
+
+
+def _train(*args):
+    if torch.compiler.is_compiling() or not torch.is_grad_enabled():
+        return _train_op(*args)
+    return _TrainFn.apply(*args)
+
+
+def _cbr_eval_setup_context(ctx, inputs, output):
+    input, weight, bias, stride, padding, dilation, groups, _impl = inputs
+    ctx.save_for_backward(input, weight, output)
+    ctx.conv = (stride, padding, dilation, groups)
+    ctx.bias = None if bias is None else (bias.shape, bias.dtype)
+
+
+def _cbr_eval_backward(ctx, grad_out):
+    input, weight, out = ctx.saved_tensors
+    stride, padding, dilation, groups = ctx.conv
+    need = ctx.needs_input_grad
+    mask = [bool(need[0]), bool(need[1]), ctx.bias is not None and bool(need[2])]
+    if grad_out is None or not any(mask):
+        return None, None, None, None, None, None, None, None
+    g = grad_out * (out > 0)
+    bias_sizes = [weight.shape[0]] if ctx.bias is not None else None
+    gi, gw, gb = torch.ops.aten.convolution_backward(
+        g, input, weight, bias_sizes, stride, padding, dilation, False, [0, 0], groups, mask
+    )
+    if mask[2] and gb.dtype != ctx.bias[1]:
+        gb = gb.to(ctx.bias[1])
+    return (
+        gi if mask[0] else None,
+        gw if mask[1] else None,
+        gb if mask[2] else None,
+        None,
+        None,
+        None,
+        None,
+        None,
+    )
+
+
+torch.library.register_autograd(
+    "cudadoctor_ops::conv_bias_relu", _cbr_eval_backward, setup_context=_cbr_eval_setup_context
+)
+
+
+# ---------------------------------------------------------------- functional API
+
+
+def _check_args(input, conv_weight, bn_weight, running_mean, running_var, training, momentum, eps, groups):
+    if not isinstance(input, Tensor) or input.dim() != 4:
+        shape = tuple(input.shape) if isinstance(input, Tensor) else type(input).__name__
+        raise ValueError(f"conv_bn_relu: input must be a 4-D tensor (N, C, H, W), got {shape}")
+    if not isinstance(conv_weight, Tensor) or conv_weight.dim() != 4:
+        raise ValueError("conv_bn_relu: conv_weight must be a 4-D tensor [C_out, C_in / groups, kh, kw]")
+    if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1:
+        raise ValueError(f"conv_bn_relu: groups must be a positive int, got {groups!r}")
+    if momentum is None or not isinstance(momentum, (int, float)) or not math.isfinite(momentum):
+        raise ValueError(f"conv_bn_relu: momentum must be a finite float, got {momentum!r}")
+    if not isinstance(eps, (int, float)) or not eps >= 0:
+        raise ValueError(f"conv_bn_relu: eps must be a float >= 0, got {eps!r}")
+    if not training and (running_mean is None or running_var is None):
+        raise ValueError(
+            "conv_bn_relu: running_mean and running_var must be given when training=False "
+            "(they are the statistics used in eval mode)"
+        )
+
+
+def _reference(input, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, training,
+               momentum, eps, stride, padding, dilation, groups) -> Tensor:
+    y = F.conv2d(input, conv_weight, conv_bias, stride, padding, dilation, groups)
+    y = F.batch_norm(y, running_mean, running_var, bn_weight, bn_bias, training, momentum, eps)
+    return F.relu(y)
+
+
+def _update_running(running_mean, running_var, save_mean, save_invstd, momentum, eps, count) -> None:
+    if _HAS_UPDATE_STATS:
+        _ops.batch_norm_update_stats(running_mean, running_var, save_mean, save_invstd, float(momentum), float(eps),
+                                     count)
+        return
+    with torch.no_grad():
+        var = (save_invstd.double().pow(-2) - eps).clamp_min(0) * (count / (count - 1))
+        running_mean.mul_(1 - momentum).add_(save_mean.to(running_mean.dtype), alpha=momentum)
+        running_var.mul_(1 - momentum).add_(var.to(running_var.dtype), alpha=momentum)
+
+
+def fold_bn(conv_weight: Tensor, conv_bias: Optional[Tensor], bn_weight: Optional[Tensor],
+            bn_bias: Optional[Tensor], running_mean: Tensor, running_var: Tensor, eps: float,
+            dtype: Optional[torch.dtype] = None) -> tuple[Tensor, Tensor]:
+    """(W', b') with conv(x, W') + b' == batch_norm(conv(x, W, b)) in eval mode.
+
+    Computed in float32 (float64 for float64 weights) and returned in ``dtype`` (default: the
+    weight's dtype). Differentiable in every argument.
+    """
+    acc = _acc_dtype(conv_weight.dtype)
+    scale = torch.rsqrt(running_var.to(acc) + eps)
+    if bn_weight is not None:
+        scale = scale * bn_weight.to(acc)
+    shift = -running_mean.to(acc)
+    if conv_bias is not None:
+        shift = shift + conv_bias.to(acc)
+    b = shift * scale
+    if bn_bias is not None:
+        b = b + bn_bias.to(acc)
+    w = conv_weight.to(acc) * scale.reshape(-1, 1, 1, 1)
+    out_dtype = dtype or conv_weight.dtype
+    return w.to(out_dtype), b.to(out_dtype)
+
+
+def conv_bn_relu(
+    input: Tensor,
+    conv_weight: Tensor,
+    conv_bias: Optional[Tensor] = None,
+    bn_weight: Optional[Tensor] = None,
+    bn_bias: Optional[Tensor] = None,
+    running_mean: Optional[Tensor] = None,
+    running_var: Optional[Tensor] = None,
+    training: bool = True,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+    stride: int | Sequence[int] = 1,
+    padding: int | Sequence[int] = 0,
+    dilation: int | Sequence[int] = 1,
+    groups: int = 1,
+    eval_impl: str = "auto",
+) -> Tensor:
+    """``relu(batch_norm(conv2d(input, conv_weight, conv_bias, stride, padding, dilation, groups),
+    running_mean, running_var, bn_weight, bn_bias, training, momentum, eps))``.
+
+    input: (N, C_in, H, W) CUDA tensor, float32 / float16 / bfloat16 (float64 too), contiguous or
+    channels_last. conv_weight / conv_bias have the input's dtype; bn_weight, bn_bias and the
+    running statistics have the input's dtype or float32. training=True normalises with the batch
+    statistics and updates running_mean / running_var in place; training=False uses them (BN
+    folded into the convolution, eval_impl "auto" or "epilogue"). CPU tensors run the torch ops.
+    """
+    _check_args(input, conv_weight, bn_weight, running_mean, running_var, training, momentum, eps, groups)
+    stride_, padding_, dilation_ = _pair(stride, "stride"), _pair(padding, "padding"), _pair(dilation, "dilation")
+    if input.device.type != "cuda":
+        return _reference(input, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, training,
+                          momentum, eps, stride_, padding_, dilation_, groups)
+    if eval_impl not in EVAL_IMPLS:
+        raise ValueError(f"conv_bn_relu: eval_impl must be one of {sorted(EVAL_IMPLS)}, got {eval_impl!r}")
+    if training:
+        out, conv_out, save_mean, save_invstd, _mask = _ops.conv_bn_relu_train(
+            input, conv_weight, conv_bias, bn_weight, bn_bias, float(eps), stride_, padding_, dilation_, groups
+        )
+        if running_mean is not None and running_var is not None and conv_out.numel() > 0:
+            count = conv_out.numel() // conv_out.shape[1]
+            _update_running(running_mean, running_var, save_mean, save_invstd, momentum, eps, count)
+        return out
+    w, b = fold_bn(conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, float(eps))
+    if input.is_contiguous(memory_format=torch.channels_last) and not input.is_contiguous():
+        w = w.contiguous(memory_format=torch.channels_last)
+    return _ops.conv_bias_relu(input, w, b, stride_, padding_, dilation_, groups, EVAL_IMPLS[eval_impl])
+
+
+# ---------------------------------------------------------------- modules
+
+
+def _autocast_dtype(device_type: str = "cuda") -> Optional[torch.dtype]:
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return None
+
+
+def _tensor_key(t: Optional[Tensor]):
+    return None if t is None else (t.data_ptr(), t._version, t.dtype, t.device)
+
+
+class _FoldCache:
+    """BN-folded (W', b') of one conv/bn pair, keyed on the tensors' identities and versions."""
+
+    __slots__ = ("key", "weight", "bias")
+
+    def __init__(self) -> None:
+        self.key = None
+        self.weight: Optional[Tensor] = None
+        self.bias: Optional[Tensor] = None
+
+
+def _cbr_forward(conv: nn.Conv2d, bn: nn.BatchNorm2d, cache: _FoldCache, input: Tensor, eval_impl: str) -> Tensor:
+    """Forward of conv -> bn -> relu with the modules' semantics (train/eval, momentum=None)."""
+    use_batch_stats = bn.training or (bn.running_mean is None and bn.running_var is None)
+    momentum = 0.0 if bn.momentum is None else bn.momentum
+    if bn.training and bn.track_running_stats and bn.num_batches_tracked is not None:
+        bn.num_batches_tracked.add_(1)
+        momentum = 1.0 / float(bn.num_batches_tracked) if bn.momentum is None else bn.momentum
+    # running stats are updated only when tracking them in training mode
+    track = not bn.training or bn.track_running_stats
+    rm = bn.running_mean if track else None
+    rv = bn.running_var if track else None
+    padding = conv.padding
+    if isinstance(padding, str):
+        padding = conv._cbr_padding if hasattr(conv, "_cbr_padding") else _explicit_padding(conv)
+    weight, bias = conv.weight, conv.bias
+    if conv.padding_mode != "zeros":
+        input = F.pad(input, conv._reversed_padding_repeated_twice, mode=conv.padding_mode)
+        padding = (0, 0)
+    if input.device.type != "cuda":
+        return _reference(input, weight, bias, bn.weight, bn.bias, rm, rv, use_batch_stats, momentum, bn.eps,
+                          conv.stride, padding, conv.dilation, conv.groups)
+    ac = _autocast_dtype()
+    if ac is not None:
+        input = input.to(ac)
+    if use_batch_stats:
+        cache.key = None
+        if ac is not None:
+            weight = weight.to(ac)
+            bias = None if bias is None else bias.to(ac)
+        out, conv_out, save_mean, save_invstd, _mask = _train(
+            input, weight, bias, bn.weight, bn.bias, float(bn.eps), conv.stride, padding, conv.dilation, conv.groups
+        )
+        if rm is not None and rv is not None and conv_out.numel() > 0:
+            count = conv_out.numel() // conv_out.shape[1]
+            _update_running(rm, rv, save_mean, save_invstd, momentum, bn.eps, count)
+        return out
+    # eval: folded weights, cached unless gradients must flow into the parameters
+    dtype = input.dtype
+    channels_last = input.is_contiguous(memory_format=torch.channels_last) and not input.is_contiguous()
+    differentiable = torch.is_grad_enabled() and any(
+        p is not None and p.requires_grad for p in (conv.weight, conv.bias, bn.weight, bn.bias)
+    )
+    if differentiable or torch.compiler.is_compiling():
+        w, b = fold_bn(weight, bias, bn.weight, bn.bias, rm, rv, bn.eps, dtype)
+        if channels_last:
+            w = w.contiguous(memory_format=torch.channels_last)
+    else:
+        key = (
+            _tensor_key(conv.weight), _tensor_key(conv.bias), _tensor_key(bn.weight), _tensor_key(bn.bias),
+            _tensor_key(rm), _tensor_key(rv), bn.eps, dtype, channels_last,
+        )
+        if cache.key != key:
+            with torch.no_grad():
+                w, b = fold_bn(conv.weight, conv.bias, bn.weight, bn.bias, rm, rv, bn.eps, dtype)
+                if channels_last:
+                    w = w.contiguous(memory_format=torch.channels_last)
+            cache.key, cache.weight, cache.bias = key, w, b
+        w, b = cache.weight, cache.bias
+    return _ops.conv_bias_relu(input, w, b, list(conv.stride), list(padding), list(conv.dilation), conv.groups,
+                               EVAL_IMPLS[eval_impl])
+
+
+def _explicit_padding(conv: nn.Conv2d) -> tuple[int, int]:
+    if conv.padding == "valid":
+        return (0, 0)
+    # "same" (stride 1): torch pads total = d * (k - 1), the extra element on the right/bottom
+    pads = []
+    for d, k in zip(conv.dilation, conv.kernel_size):
+        total = d * (k - 1)
+        if total % 2:
+            raise ValueError("asymmetric 'same' padding")
+        pads.append(total // 2)
+    return tuple(pads)
+
+
+class ConvBNReLU2d(nn.Module):
+    """Conv2d -> BatchNorm2d -> ReLU as one fused CUDA op (training and eval).
+
+    ``conv`` and ``bn`` are ordinary :class:`torch.nn.Conv2d` / :class:`torch.nn.BatchNorm2d`
+    submodules (state_dict keys ``conv.weight``, ``bn.running_mean``, ...), so weights load from
+    ``nn.Sequential(OrderedDict(conv=..., bn=..., relu=...))``. Train/eval follows ``bn``'s mode.
+    eval_impl: "auto" (cuDNN fused conv+bias+ReLU where available) or "epilogue".
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size,
+        stride=1,
+        padding=0,
+        dilation=1,
+        groups: int = 1,
+        bias: bool = False,
+        eps: float = 1e-5,
+        momentum: Optional[float] = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        device=None,
+        dtype=None,
+        eval_impl: str = "auto",
+    ) -> None:
+        super().__init__()
+        if eval_impl not in EVAL_IMPLS:
+            raise ValueError(f"ConvBNReLU2d: eval_impl must be one of {sorted(EVAL_IMPLS)}, got {eval_impl!r}")
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+                              device=device, dtype=dtype)
+        self.bn = nn.BatchNorm2d(out_channels, eps, momentum, affine, track_running_stats, device=device,
+                                 dtype=dtype)
+        self.eval_impl = eval_impl
+        self._fold_cache = _FoldCache()
+
+    @classmethod
+    def from_modules(cls, conv: nn.Conv2d, bn: nn.BatchNorm2d, eval_impl: str = "auto") -> "ConvBNReLU2d":
+        """Wraps existing modules (shared, not copied)."""
+        _check_fusable(conv, bn)
+        self = cls.__new__(cls)
+        nn.Module.__init__(self)
+        self.conv = conv
+        self.bn = bn
+        self.eval_impl = eval_impl
+        self._fold_cache = _FoldCache()
+        return self
+
+    def forward(self, input: Tensor) -> Tensor:
+        return _cbr_forward(self.conv, self.bn, self._fold_cache, input, self.eval_impl)
+
+
+# ---------------------------------------------------------------- model rewriter
+
+
+class _FusedConv2d(nn.Conv2d):
+    """An nn.Conv2d whose forward runs conv -> (its BatchNorm) -> ReLU fused.
+
+    The BatchNorm stays registered where it was (so state_dict keys do not move) and becomes a
+    pass-through; this conv holds a plain reference to it.
+    """
+
+    def forward(self, input: Tensor) -> Tensor:  # type: ignore[override]
+        d = self.__dict__
+        return _cbr_forward(self, d["_cbr_bn"], d["_cbr_cache"], input, d.get("_cbr_eval_impl", "auto"))
+
+
+class _AbsorbedBatchNorm2d(nn.BatchNorm2d):
+    """A BatchNorm2d whose work is done by the preceding fused conv: forward passes through."""
+
+    def forward(self, input: Tensor) -> Tensor:  # type: ignore[override]
+        return input
+
+
+def _check_fusable(conv: nn.Module, bn: nn.Module) -> None:
+    if not isinstance(conv, nn.Conv2d) or not isinstance(bn, nn.BatchNorm2d):
+        raise ValueError("expected an nn.Conv2d followed by an nn.BatchNorm2d")
+    if conv.out_channels != bn.num_features:
+        raise ValueError(
+            f"conv has {conv.out_channels} output channels but the BatchNorm2d has {bn.num_features} features"
+        )
+
+
+def _fusable(conv: nn.Module, bn: nn.Module, relu: Optional[nn.Module]) -> bool:
+    if type(conv) is not nn.Conv2d or type(bn) is not nn.BatchNorm2d:
+        return False
+    if relu is not None and type(relu) is not nn.ReLU:
+        return False
+    if conv.out_channels != bn.num_features or conv.transposed:
+        return False
+    if isinstance(conv.padding, str):
+        try:
+            conv.__dict__["_cbr_padding"] = _explicit_padding(conv)
+        except ValueError:
+            return False
+    return True
+
+
+def _absorb(conv: nn.Conv2d, bn: nn.BatchNorm2d, eval_impl: str) -> None:
+    conv.__class__ = _FusedConv2d
+    bn.__class__ = _AbsorbedBatchNorm2d
+    conv.__dict__["_cbr_bn"] = bn
+    conv.__dict__["_cbr_cache"] = _FoldCache()
+    conv.__dict__["_cbr_eval_impl"] = eval_impl
+
+
+def _torchvision_kind(module: nn.Module) -> Optional[str]:
+    """"BasicBlock", "Bottleneck" or "ResNet" for torchvision's unmodified classes, else None."""
+    cls = type(module)
+    if cls.__module__ != "torchvision.models.resnet" or cls.__name__ not in ("BasicBlock", "Bottleneck", "ResNet"):
+        return None
+    try:
+        from torchvision.models import resnet as tvr
+    except Exception:  # noqa: BLE001 - torchvision is optional
+        return None
+    ref = getattr(tvr, cls.__name__, None)
+    if ref is None or cls is not ref:
+        return None
+    # an instance-level forward override means someone changed the block: leave it alone
+    if "forward" in module.__dict__ or "_forward_impl" in module.__dict__:
+        return None
+    return cls.__name__
+
+
+def _basic_block_forward(self, x: Tensor) -> Tensor:
+    identity = x
+    out = self.conv1(x)  # conv1 + bn1 + relu fused
+    out = self.conv2(out)
+    out = self.bn2(out)
+    if self.downsample is not None:
+        identity = self.downsample(x)
+    out += identity
+    return self.relu(out)
+
+
+def _bottleneck_forward(self, x: Tensor) -> Tensor:
+    identity = x
+    out = self.conv1(x)  # conv1 + bn1 + relu fused
+    out = self.conv2(out)  # conv2 + bn2 + relu fused
+    out = self.conv3(out)
+    out = self.bn3(out)
+    if self.downsample is not None:
+        identity = self.downsample(x)
+    out += identity
+    return self.relu(out)
+
+
+def _resnet_forward_impl(self, x: Tensor) -> Tensor:
+    x = self.conv1(x)  # conv1 + bn1 + relu fused
+    x = self.maxpool(x)
+    x = self.layer1(x)
+    x = self.layer2(x)
+    x = self.layer3(x)
+    x = self.layer4(x)
+    x = self.avgpool(x)
+    x = torch.flatten(x, 1)
+    return self.fc(x)
+
+
+def _fuse_torchvision(module: nn.Module, kind: str, eval_impl: str) -> int:
+    pairs = [("conv1", "bn1")]
+    if kind == "Bottleneck":
+        pairs.append(("conv2", "bn2"))
+    fused = 0
+    if not all(_fusable(getattr(module, c, None), getattr(module, b, None), module.relu) for c, b in pairs):
+        return 0
+    for c, b in pairs:
+        _absorb(getattr(module, c), getattr(module, b), eval_impl)
+        fused += 1
+    if kind == "BasicBlock":
+        module.forward = types.MethodType(_basic_block_forward, module)
+    elif kind == "Bottleneck":
+        module.forward = types.MethodType(_bottleneck_forward, module)
+    else:
+        module._forward_impl = types.MethodType(_resnet_forward_impl, module)
+    return fused
+
+
+def _fuse_sequential(seq: nn.Sequential, eval_impl: str) -> int:
+    names = list(seq._modules.keys())
+    fused = 0
+    i = 0
+    while i + 2 < len(names):
+        conv, bn, relu = (seq._modules[names[i + k]] for k in range(3))
+        if _fusable(conv, bn, relu):
+            _absorb(conv, bn, eval_impl)
+            # the ReLU object may be used elsewhere: only this slot becomes a pass-through
+            seq._modules[names[i + 2]] = nn.Identity()
+            fused += 1
+            i += 3
+        else:
+            i += 1
+    return fused
+
+
+def fuse_conv_bn_relu(model: nn.Module, eval_impl: str = "auto") -> nn.Module:
+    """Swaps Conv2d -> BatchNorm2d -> ReLU chains of ``model`` for the fused op, in place.
+
+    Rewritten: three consecutive ``nn.Conv2d``, ``nn.BatchNorm2d``, ``nn.ReLU`` children of an
+    ``nn.Sequential``; torchvision's ResNet stem and its BasicBlock / Bottleneck blocks (the
+    conv -> bn -> relu chains inside, also with their shared ReLU module). Modules of other types
+    (subclasses included) and other blocks are left as they are. The conv becomes a fused
+    Conv2d, the BatchNorm2d a pass-through that keeps its parameters and buffers, the ReLU slot of
+    a Sequential an ``nn.Identity``: ``state_dict()`` keys and values are unchanged, and so are
+    the outputs in train and eval mode. Returns ``model``; ``model._cbr_fused`` counts the chains.
+    """
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"fuse_conv_bn_relu: expected an nn.Module, got {type(model).__name__}")
+    if eval_impl not in EVAL_IMPLS:
+        raise ValueError(f"fuse_conv_bn_relu: eval_impl must be one of {sorted(EVAL_IMPLS)}, got {eval_impl!r}")
+    fused = 0
+    for module in list(model.modules()):
+        if isinstance(module, nn.Sequential):
+            fused += _fuse_sequential(module, eval_impl)
+            continue
+        kind = _torchvision_kind(module)
+        if kind is not None:
+            fused += _fuse_torchvision(module, kind, eval_impl)
+    model.__dict__["_cbr_fused"] = model.__dict__.get("_cbr_fused", 0) + fused
+    return model
+
+
+def sanitize_exercise() -> int:
+    """Runs every kernel path once on small shapes (``python -m cudadoctor_ops.sanitize
+    conv_bn_relu`` under compute-sanitizer); returns the number of fused calls."""
+    calls = 0
+    # (N, C_in, H, W, C_out, groups): vector / 8-element groups, odd sizes (scalar paths), depthwise
+    cases = [(2, 8, 8, 8, 16, 1), (3, 5, 7, 5, 6, 1), (2, 8, 9, 9, 8, 8), (2, 16, 4, 4, 16, 1)]
+    for n, ci, h, w, co, g in cases:
+        for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+            for layout in ("nchw", "channels_last"):
+                x = torch.randn(n, ci, h, w, device="cuda", dtype=dtype)
+                if layout == "channels_last":
+                    x = x.contiguous(memory_format=torch.channels_last)
+                pdt = torch.float64 if dtype == torch.float64 else torch.float32
+                cw = (torch.randn(co, ci // g, 3, 3, device="cuda", dtype=dtype) * 0.3).requires_grad_(True)
+                gw = (torch.rand(co, device="cuda", dtype=pdt) + 0.5).requires_grad_(True)
+                gb = torch.randn(co, device="cuda", dtype=pdt).requires_grad_(True)
+                rm = torch.zeros(co, device="cuda", dtype=pdt)
+                rv = torch.ones(co, device="cuda", dtype=pdt)
+                xg = x.detach().requires_grad_(True)
+                y = conv_bn_relu(xg, cw, None, gw, gb, rm, rv, True, 0.1, 1e-5, 1, 1, 1, g)
+                y.backward(torch.randn_like(y))
+                calls += 1
+                for impl in EVAL_IMPLS:
+                    y = conv_bn_relu(xg, cw, None, gw, gb, rm, rv, False, 0.1, 1e-5, 1, 1, 1, g, eval_impl=impl)
+                    y.backward(torch.randn_like(y))
+                    calls += 1
+    return calls

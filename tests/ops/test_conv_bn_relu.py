@@ -1,0 +1,570 @@
+"""cudadoctor_ops.conv_bn_relu / ConvBNReLU2d / fuse_conv_bn_relu against torch's Conv2d ->
+BatchNorm2d -> ReLU.
+
+The GPU tests compare outputs, running statistics and every gradient with the separate torch ops,
+in training and eval mode, for float32 / float16 / bfloat16, NCHW and channels_last, groups 1,
+grouped and depthwise; plus gradcheck in float64, opcheck and torch.compile. They skip without a
+CUDA GPU. The rewriter tests run on the CPU too (the fused modules fall back to torch ops there)
+as long as the extension is built; they check module types, state_dict and outputs.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import types
+from collections import OrderedDict
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+
+
+def _import_ops():
+    import importlib
+    import pathlib
+
+    try:
+        return importlib.import_module("cudadoctor_ops"), None
+    except ImportError as exc:
+        first = exc
+    opsrc = str(pathlib.Path(__file__).resolve().parents[2] / "opsrc")
+    if opsrc not in sys.path:
+        sys.path.insert(0, opsrc)
+        for name in [m for m in sys.modules if m == "cudadoctor_ops" or m.startswith("cudadoctor_ops.")]:
+            del sys.modules[name]
+        try:
+            return importlib.import_module("cudadoctor_ops"), None
+        except ImportError as exc:
+            return None, f"{first}; from opsrc/: {exc}"
+    return None, str(first)
+
+
+cudadoctor_ops, _why = _import_ops()
+if cudadoctor_ops is None:
+    pytest.skip(
+        "cudadoctor_ops is not built (pip install --no-build-isolation --no-deps ./opsrc, or "
+        f"build_ext --inplace in opsrc/): {_why}",
+        allow_module_level=True,
+    )
+
+from cudadoctor_ops.conv_bn_relu import (  # noqa: E402
+    ConvBNReLU2d,
+    _AbsorbedBatchNorm2d,
+    _FusedConv2d,
+    conv_bn_relu,
+    fuse_conv_bn_relu,
+)
+
+HAS_CUDA = torch.cuda.is_available()
+gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs an NVIDIA GPU and a CUDA build of torch (none visible)")
+ops = torch.ops.cudadoctor_ops
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+LAYOUTS = ["nchw", "channels_last"]
+# relative tolerance (max abs error / max abs reference) per dtype
+TOL = {torch.float32: 2e-4, torch.float16: 2e-2, torch.bfloat16: 5e-2, torch.float64: 1e-10}
+
+# (N, C_in, H, W, C_out, kernel, stride, padding, dilation, groups, conv bias)
+CASES = [
+    (4, 16, 14, 14, 32, 3, 1, 1, 1, 1, False),  # ResNet-like 3x3
+    (2, 8, 15, 13, 16, 3, 2, 1, 1, 1, True),  # odd sizes, stride 2, conv bias
+    (3, 16, 7, 7, 24, 1, 1, 0, 1, 1, False),  # 1x1, HW = 49 (no 8-element groups in NCHW)
+    (2, 16, 12, 12, 16, 3, 1, 1, 1, 16, False),  # depthwise
+    (2, 24, 9, 11, 24, 5, 2, 2, 1, 24, True),  # depthwise 5x5 stride 2, odd
+    (2, 12, 10, 10, 18, 3, 1, 2, 2, 3, False),  # grouped, dilation 2
+    (2, 5, 9, 9, 7, 3, 1, 1, 1, 1, False),  # channel counts with no vector width
+]
+
+
+def _case_id(c) -> str:
+    n, ci, h, w, co, k, s, p, d, g, b = c
+    return f"{n}x{ci}x{h}x{w}-{co}-k{k}s{s}p{p}d{d}g{g}" + ("-bias" if b else "")
+
+
+def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    scale = b.abs().max().item()
+    return (a - b).abs().max().item() / max(scale, 1e-6)
+
+
+def _make(case, dtype, layout, device="cuda", seed=0):
+    n, ci, h, w, co, k, s, p, d, g, bias = case
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, ci, h, w, generator=gen).to(device=device, dtype=dtype)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    conv = nn.Conv2d(ci, co, k, s, p, d, g, bias=bias)
+    bn = nn.BatchNorm2d(co)
+    with torch.no_grad():
+        conv.weight.copy_(torch.randn(conv.weight.shape, generator=gen) * 0.3)
+        if bias:
+            conv.bias.copy_(torch.randn(co, generator=gen))
+        bn.weight.copy_(torch.rand(co, generator=gen) + 0.5)
+        bn.bias.copy_(torch.randn(co, generator=gen) * 0.5)
+        bn.running_mean.copy_(torch.randn(co, generator=gen) * 0.1)
+        bn.running_var.copy_(torch.rand(co, generator=gen) + 0.5)
+    conv = conv.to(device=device, dtype=dtype)
+    bn = bn.to(device)  # BN parameters and statistics stay float32, as under autocast
+    if dtype == torch.float64:
+        bn = bn.double()
+    if layout == "channels_last":
+        conv = conv.to(memory_format=torch.channels_last)
+    return x, conv, bn
+
+
+def _eager(x, conv, bn):
+    return F.relu(bn(conv(x)))
+
+
+# ---------------------------------------------------------------- GPU: equivalence
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_training_matches_torch(case, dtype, layout):
+    x, conv, bn = _make(case, dtype, layout)
+    conv_r, bn_r = copy.deepcopy(conv), copy.deepcopy(bn)
+    xr = x.detach().clone().requires_grad_(True)
+    xo = x.detach().clone().requires_grad_(True)
+    ref = _eager(xr, conv_r, bn_r)
+    fused = ConvBNReLU2d.from_modules(conv, bn).train()
+    out = fused(xo)
+    tol = TOL[dtype]
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    assert out.is_contiguous(memory_format=torch.channels_last) == ref.is_contiguous(
+        memory_format=torch.channels_last
+    )
+    assert _rel_err(out, ref) <= tol, "output"
+    stat_tol = 1e-5 if dtype == torch.float32 else 1e-3
+    assert _rel_err(bn.running_mean, bn_r.running_mean) <= stat_tol
+    assert _rel_err(bn.running_var, bn_r.running_var) <= stat_tol
+    assert int(bn.num_batches_tracked) == int(bn_r.num_batches_tracked) == 1
+    gy = torch.randn_like(ref)
+    ref.backward(gy)
+    out.backward(gy)
+    assert _rel_err(xo.grad, xr.grad) <= 4 * tol, "grad input"
+    assert _rel_err(conv.weight.grad, conv_r.weight.grad) <= 4 * tol, "grad conv weight"
+    assert _rel_err(bn.weight.grad, bn_r.weight.grad) <= 4 * tol, "grad bn weight"
+    assert _rel_err(bn.bias.grad, bn_r.bias.grad) <= 4 * tol, "grad bn bias"
+    if conv.bias is not None:
+        # the exact gradient of a conv bias before training-mode BN is zero; both are rounding
+        scale = conv_r.weight.grad.abs().max().item()
+        assert conv.bias.grad.abs().max().item() <= 1e-2 * scale
+        assert conv_r.bias.grad.abs().max().item() <= 1e-2 * scale
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("impl", ["auto", "epilogue"])
+def test_eval_matches_torch(case, dtype, layout, impl):
+    x, conv, bn = _make(case, dtype, layout)
+    conv.eval()
+    bn.eval()
+    with torch.no_grad():
+        ref = _eager(x, conv, bn)
+        fused = ConvBNReLU2d.from_modules(conv, bn, eval_impl=impl).eval()
+        out = fused(x)
+        again = fused(x)  # from the fold cache
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    # folding rounds W * gamma / sigma to the weight dtype: a few ulps of the dtype
+    assert _rel_err(out, ref) <= 2 * TOL[dtype]
+    assert torch.equal(out, again)
+    # the cache follows in-place changes of the parameters and running statistics
+    with torch.no_grad():
+        bn.running_mean.add_(0.5)
+        bn.weight.mul_(1.5)
+        ref2 = _eager(x, conv, bn)
+        out2 = fused(x)
+    assert _rel_err(out2, ref2) <= 2 * TOL[dtype]
+    assert not torch.equal(out2, out)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_eval_gradients(layout):
+    case = CASES[0]
+    x, conv, bn = _make(case, torch.float32, layout)
+    conv.eval()
+    bn.eval()
+    conv_r, bn_r = copy.deepcopy(conv), copy.deepcopy(bn)
+    xr, xo = (x.detach().clone().requires_grad_(True) for _ in range(2))
+    ref = _eager(xr, conv_r, bn_r)
+    out = ConvBNReLU2d.from_modules(conv, bn)(xo)
+    gy = torch.randn_like(ref)
+    ref.backward(gy)
+    out.backward(gy)
+    for a, b in [(xo.grad, xr.grad), (conv.weight.grad, conv_r.weight.grad), (bn.weight.grad, bn_r.weight.grad),
+                 (bn.bias.grad, bn_r.bias.grad)]:
+        assert _rel_err(a, b) <= 1e-3
+
+
+@gpu
+@pytest.mark.gpu
+def test_mask_is_one_bit_per_positive_output():
+    x, conv, bn = _make(CASES[0], torch.float16, "channels_last")
+    out, conv_out, save_mean, save_invstd, mask = ops.conv_bn_relu_train(
+        x, conv.weight, None, bn.weight, bn.bias, 1e-5, [1, 1], [1, 1], [1, 1], 1
+    )
+    assert mask.dtype == torch.uint8 and mask.numel() == (out.numel() + 7) // 8
+    bits = torch.bitwise_and(mask.to(torch.int32).unsqueeze(1) >> torch.arange(8, device="cuda"), 1)
+    flat = out.permute(0, 2, 3, 1).reshape(-1)  # memory order of channels_last
+    assert torch.equal(bits.reshape(-1)[: out.numel()].bool(), flat > 0)
+    assert save_mean.dtype == save_invstd.dtype == torch.float32
+    ref_mean = conv_out.float().mean(dim=(0, 2, 3))
+    assert torch.allclose(save_mean, ref_mean, atol=1e-3)
+
+
+@gpu
+@pytest.mark.gpu
+def test_saved_memory_below_eager():
+    x, conv, bn = _make((8, 32, 56, 56, 32, 3, 1, 1, 1, 1, False), torch.float16, "channels_last")
+    x.requires_grad_(True)
+    conv_r, bn_r = copy.deepcopy(conv), copy.deepcopy(bn)
+    fused = ConvBNReLU2d.from_modules(conv, bn)
+
+    def held(fn):
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        y = fn()
+        loss = y.float().sum()
+        del y
+        torch.cuda.synchronize()
+        used = torch.cuda.memory_allocated() - before
+        loss.backward()
+        return used
+
+    eager = held(lambda: F.relu(bn_r(conv_r(x))))
+    ours = held(lambda: fused(x))
+    assert ours <= 0.75 * eager, (ours, eager)
+
+
+@gpu
+@pytest.mark.gpu
+def test_gradcheck_double_train_and_eval():
+    case = (2, 4, 6, 5, 6, 3, 1, 1, 1, 1, True)
+    x, conv, bn = _make(case, torch.float64, "nchw")
+    args = [t.detach().clone().requires_grad_(True) for t in (x, conv.weight, conv.bias, bn.weight, bn.bias)]
+
+    def train(x, w, b, g, beta):
+        return conv_bn_relu(x, w, b, g, beta, None, None, True, 0.1, 1e-5, 1, 1, 1, 1)
+
+    assert torch.autograd.gradcheck(train, args, eps=1e-6, atol=1e-5, rtol=1e-4)
+    rm, rv = bn.running_mean.detach(), bn.running_var.detach()
+
+    def evaluate(x, w, b, g, beta):
+        return conv_bn_relu(x, w, b, g, beta, rm, rv, False, 0.1, 1e-5, 1, 1, 1, 1)
+
+    assert torch.autograd.gradcheck(evaluate, args, eps=1e-6, atol=1e-5, rtol=1e-4)
+    # depthwise in double goes through ATen
+    xd, convd, bnd = _make((2, 4, 6, 6, 4, 3, 1, 1, 1, 4, False), torch.float64, "channels_last")
+    argsd = [t.detach().clone().requires_grad_(True) for t in (xd, convd.weight, bnd.weight, bnd.bias)]
+
+    def train_dw(x, w, g, beta):
+        return conv_bn_relu(x, w, None, g, beta, None, None, True, 0.1, 1e-5, 1, 1, 1, 4)
+
+    assert torch.autograd.gradcheck(train_dw, argsd, eps=1e-6, atol=1e-5, rtol=1e-4)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_opcheck(layout):
+    x, conv, bn = _make(CASES[1], torch.float32, layout)
+    w = conv.weight.detach().requires_grad_(True)
+    b = conv.bias.detach().requires_grad_(True)
+    g, beta = bn.weight.detach().requires_grad_(True), bn.bias.detach().requires_grad_(True)
+    xin = x.detach().requires_grad_(True)
+    torch.library.opcheck(ops.conv_bn_relu_train, (xin, w, b, g, beta, 1e-5, [2, 2], [1, 1], [1, 1], 1))
+    torch.library.opcheck(ops.conv_bias_relu, (xin, w, b, [2, 2], [1, 1], [1, 1], 1, 0))
+    torch.library.opcheck(ops.conv_bias_relu, (xin, w, b, [2, 2], [1, 1], [1, 1], 1, 1))
+    out, conv_out, sm, si, mask = ops.conv_bn_relu_train(x, w.detach(), b.detach(), g.detach(), beta.detach(), 1e-5,
+                                                          [2, 2], [1, 1], [1, 1], 1)
+    gy = torch.randn_like(out)
+    torch.library.opcheck(
+        ops.conv_bn_relu_backward,
+        (gy, x, w.detach(), conv_out, g.detach(), sm, si, mask, [2, 2], [1, 1], [1, 1], 1, [True] * 5),
+    )
+
+
+@gpu
+@pytest.mark.gpu
+def test_torch_compile_fullgraph():
+    x, conv, bn = _make(CASES[0], torch.float32, "channels_last")
+    fused = ConvBNReLU2d.from_modules(conv, bn)
+    ref_conv, ref_bn = copy.deepcopy(conv), copy.deepcopy(bn)
+    compiled = torch.compile(fused, fullgraph=True)
+    out = compiled(x)
+    ref = _eager(x, ref_conv, ref_bn)
+    assert _rel_err(out, ref) <= TOL[torch.float32]
+    assert _rel_err(bn.running_mean, ref_bn.running_mean) <= 1e-5
+    fused.eval()
+    ref_conv.eval()
+    ref_bn.eval()
+    with torch.no_grad():
+        assert _rel_err(compiled(x), _eager(x, ref_conv, ref_bn)) <= 2 * TOL[torch.float32]
+
+
+@gpu
+@pytest.mark.gpu
+def test_bad_arguments_give_clear_errors():
+    x, conv, bn = _make(CASES[0], torch.float32, "nchw")
+    with pytest.raises(RuntimeError, match="bn_weight must have shape"):
+        conv_bn_relu(x, conv.weight, None, bn.weight[:3], bn.bias, None, None, True, 0.1, 1e-5, 1, 1, 1, 1)
+    with pytest.raises(RuntimeError, match="conv_weight has dtype"):
+        conv_bn_relu(x, conv.weight.half(), None, bn.weight, bn.bias, None, None, True, 0.1, 1e-5, 1, 1, 1, 1)
+    with pytest.raises(RuntimeError, match="conv_weight must have shape"):
+        conv_bn_relu(x, conv.weight[:, :3], None, bn.weight, bn.bias, None, None, True, 0.1, 1e-5, 1, 1, 1, 1)
+    with pytest.raises(ValueError, match="running_mean and running_var must be given"):
+        conv_bn_relu(x, conv.weight, None, bn.weight, bn.bias, None, None, False, 0.1, 1e-5, 1, 1, 1, 1)
+    with pytest.raises(ValueError, match="input must be a 4-D tensor"):
+        conv_bn_relu(x[0], conv.weight, None, bn.weight, bn.bias, None, None, True, 0.1, 1e-5, 1, 1, 1, 1)
+    with pytest.raises(RuntimeError, match="more than 1 value per channel"):
+        conv_bn_relu(x[:1, :, :3, :3], conv.weight, None, bn.weight, bn.bias, None, None, True, 0.1, 1e-5, 1, 0, 1, 1)
+
+
+@gpu
+@pytest.mark.gpu
+def test_fused_sequential_training_steps_match_eager():
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(inplace=True),
+        nn.Conv2d(16, 16, 3, padding=1, groups=16, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.Conv2d(16, 8, 1), nn.BatchNorm2d(8, momentum=None), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4),
+    ).cuda().to(memory_format=torch.channels_last)
+    ref = copy.deepcopy(model)
+    fuse_conv_bn_relu(model)
+    assert model._cbr_fused == 3
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+    opt_r = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+    for step in range(5):
+        x = torch.randn(8, 3, 16, 16, device="cuda").contiguous(memory_format=torch.channels_last)
+        y = torch.randint(0, 4, (8,), device="cuda")
+        for m, o in ((model, opt), (ref, opt_r)):
+            o.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            o.step()
+            if m is model:
+                loss_ours = loss.item()
+            else:
+                loss_ref = loss.item()
+        assert abs(loss_ours - loss_ref) <= 1e-3 * max(1.0, abs(loss_ref)), step
+    sd, sd_r = model.state_dict(), ref.state_dict()
+    assert list(sd) == list(sd_r)
+    for k in sd:
+        assert _rel_err(sd[k].float(), sd_r[k].float()) <= 1e-3, k
+    model.eval()
+    ref.eval()
+    with torch.no_grad():
+        x = torch.randn(4, 3, 16, 16, device="cuda")
+        assert _rel_err(model(x), ref(x)) <= 1e-3
+
+
+# ---------------------------------------------------------------- rewriter (CPU and GPU)
+
+
+def _seq_model():
+    torch.manual_seed(1)
+    return nn.Sequential(
+        OrderedDict(
+            [
+                ("conv", nn.Conv2d(3, 8, 3, padding=1, bias=False)),
+                ("bn", nn.BatchNorm2d(8)),
+                ("relu", nn.ReLU()),
+                ("conv2", nn.Conv2d(8, 8, 3, padding="same", bias=True)),
+                ("bn2", nn.BatchNorm2d(8)),
+                ("relu2", nn.ReLU(inplace=True)),
+                ("conv3", nn.Conv2d(8, 4, 1)),  # no BN after it: stays
+                ("relu3", nn.ReLU()),
+                ("block", nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4), nn.LeakyReLU())),
+            ]
+        )
+    )
+
+
+def test_fuse_sequential_structure_and_state_dict():
+    model = _seq_model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    shared_relu = model.relu
+    fuse_conv_bn_relu(model)
+    assert model._cbr_fused == 2
+    assert type(model.conv) is _FusedConv2d and type(model.conv2) is _FusedConv2d
+    assert type(model.bn) is _AbsorbedBatchNorm2d and type(model.bn2) is _AbsorbedBatchNorm2d
+    assert isinstance(model.relu, nn.Identity) and isinstance(model.relu2, nn.Identity)
+    assert type(shared_relu) is nn.ReLU  # the module object itself is untouched
+    assert type(model.conv3) is nn.Conv2d and type(model.relu3) is nn.ReLU
+    assert type(model.block[0]) is nn.Conv2d  # LeakyReLU: not a ReLU chain
+    after = model.state_dict()
+    assert list(after) == list(before)
+    for k, v in before.items():
+        assert torch.equal(after[k], v), k
+    # fused modules are still Conv2d / BatchNorm2d (isinstance-based code keeps working)
+    assert isinstance(model.conv, nn.Conv2d) and isinstance(model.bn, nn.BatchNorm2d)
+    # a second pass finds nothing new
+    fuse_conv_bn_relu(model)
+    assert model._cbr_fused == 2
+
+
+def test_fuse_sequential_outputs_on_cpu_train_and_eval():
+    model = _seq_model()
+    ref = copy.deepcopy(model)
+    fuse_conv_bn_relu(model)
+    x = torch.randn(2, 3, 10, 10)
+    for _ in range(2):
+        out, out_r = model(x), ref(x)
+        assert torch.allclose(out, out_r, atol=1e-6)
+    for (k, v), (k2, v2) in zip(model.state_dict().items(), ref.state_dict().items()):
+        assert k == k2 and torch.allclose(v.float(), v2.float(), atol=1e-6), k
+    model.eval()
+    ref.eval()
+    with torch.no_grad():
+        assert torch.allclose(model(x), ref(x), atol=1e-6)
+    # load_state_dict from an unfused copy works unchanged
+    model.load_state_dict(ref.state_dict())
+    copied = copy.deepcopy(model)
+    assert type(copied.conv) is _FusedConv2d
+    assert copied.conv.__dict__["_cbr_bn"] is copied.bn
+
+
+def test_conv_bn_relu_module_state_dict_layout():
+    m = ConvBNReLU2d(4, 6, 3, padding=1)
+    keys = set(m.state_dict())
+    seq = nn.Sequential(OrderedDict(conv=nn.Conv2d(4, 6, 3, padding=1, bias=False), bn=nn.BatchNorm2d(6)))
+    assert keys == set(seq.state_dict())
+    m.load_state_dict(seq.state_dict())
+    x = torch.randn(2, 4, 5, 5)
+    seq.train()
+    assert torch.allclose(m(x), F.relu(seq(x)), atol=1e-6)
+    with pytest.raises(ValueError, match="eval_impl"):
+        ConvBNReLU2d(4, 6, 3, eval_impl="fast")
+    with pytest.raises(ValueError, match="expected an nn.Module"):
+        fuse_conv_bn_relu("model")
+
+
+def _fake_torchvision():
+    """A stand-in for torchvision.models.resnet (same block structure and forward) when the real
+    package is missing; returns the module holding BasicBlock / Bottleneck."""
+    try:
+        from torchvision.models import resnet  # noqa: F401
+
+        return resnet
+    except Exception:  # noqa: BLE001
+        pass
+    mod = types.ModuleType("torchvision.models.resnet")
+
+    class BasicBlock(nn.Module):
+        expansion = 1
+
+        def __init__(self, inplanes, planes, stride=1, downsample=None):
+            super().__init__()
+            self.conv1 = nn.Conv2d(inplanes, planes, 3, stride, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(planes)
+            self.relu = nn.ReLU(inplace=True)
+            self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(planes)
+            self.downsample = downsample
+            self.stride = stride
+
+        def forward(self, x):
+            identity = x
+            out = self.conv1(x)
+            out = self.bn1(out)
+            out = self.relu(out)
+            out = self.conv2(out)
+            out = self.bn2(out)
+            if self.downsample is not None:
+                identity = self.downsample(x)
+            out += identity
+            out = self.relu(out)
+            return out
+
+    class Bottleneck(nn.Module):
+        expansion = 4
+
+        def __init__(self, inplanes, planes, stride=1, downsample=None):
+            super().__init__()
+            self.conv1 = nn.Conv2d(inplanes, planes, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(planes)
+            self.conv2 = nn.Conv2d(planes, planes, 3, stride, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(planes)
+            self.conv3 = nn.Conv2d(planes, planes * 4, 1, bias=False)
+            self.bn3 = nn.BatchNorm2d(planes * 4)
+            self.relu = nn.ReLU(inplace=True)
+            self.downsample = downsample
+            self.stride = stride
+
+        def forward(self, x):
+            identity = x
+            out = self.conv1(x)
+            out = self.bn1(out)
+            out = self.relu(out)
+            out = self.conv2(out)
+            out = self.bn2(out)
+            out = self.relu(out)
+            out = self.conv3(out)
+            out = self.bn3(out)
+            if self.downsample is not None:
+                identity = self.downsample(x)
+            out += identity
+            out = self.relu(out)
+            return out
+
+    for cls in (BasicBlock, Bottleneck):
+        cls.__module__ = "torchvision.models.resnet"
+        setattr(mod, cls.__name__, cls)
+    return mod
+
+
+@pytest.fixture
+def tv_resnet(monkeypatch):
+    mod = _fake_torchvision()
+    if mod.__name__ == "torchvision.models.resnet" and "torchvision" not in sys.modules:
+        tv = types.ModuleType("torchvision")
+        models = types.ModuleType("torchvision.models")
+        models.resnet = mod
+        tv.models = models
+        monkeypatch.setitem(sys.modules, "torchvision", tv)
+        monkeypatch.setitem(sys.modules, "torchvision.models", models)
+        monkeypatch.setitem(sys.modules, "torchvision.models.resnet", mod)
+    return mod
+
+
+def test_fuse_torchvision_blocks_on_cpu(tv_resnet):
+    torch.manual_seed(2)
+    down = nn.Sequential(nn.Conv2d(8, 16, 1, 2, bias=False), nn.BatchNorm2d(16))
+    model = nn.Sequential(
+        tv_resnet.BasicBlock(8, 8),
+        tv_resnet.Bottleneck(8, 4, stride=2, downsample=down),
+    )
+    ref = copy.deepcopy(model)
+    keys = list(model.state_dict())
+    fuse_conv_bn_relu(model)
+    assert model._cbr_fused == 3  # BasicBlock conv1; Bottleneck conv1, conv2
+    basic, bottle = model[0], model[1]
+    assert type(basic.conv1) is _FusedConv2d and type(basic.conv2) is nn.Conv2d
+    assert type(bottle.conv1) is _FusedConv2d and type(bottle.conv2) is _FusedConv2d
+    assert type(bottle.conv3) is nn.Conv2d and type(bottle.bn3) is nn.BatchNorm2d
+    assert type(basic.relu) is nn.ReLU  # shared ReLU stays for the residual add
+    assert type(down[0]) is nn.Conv2d  # conv + bn without ReLU: left alone
+    assert list(model.state_dict()) == keys
+    x = torch.randn(2, 8, 8, 8)
+    for _ in range(2):
+        assert torch.allclose(model(x), ref(x), atol=1e-5)
+    model.eval()
+    ref.eval()
+    with torch.no_grad():
+        assert torch.allclose(model(x), ref(x), atol=1e-5)
+    for (k, v), (k2, v2) in zip(model.state_dict().items(), ref.state_dict().items()):
+        assert k == k2 and torch.allclose(v.float(), v2.float(), atol=1e-6), k
