@@ -322,9 +322,14 @@ void run_nhwc(const void* in, const void* w, const void* bias, void* out,
   constexpr int V = 4;
   constexpr int RW = 4;
   const int CV = s.C / V;
-  const int TX = balanced_tx(CV, 128 / V);
-  const int TY = kThreads / TX;
   const int groupsW = (s.Wo + RW - 1) / RW;
+  // Fewer channels per block on wide images, so that one block spans at
+  // least two output rows: the input rows they share then hit in L1 instead
+  // of being fetched again from L2 by another SM.
+  int cap = kThreads / (2 * groupsW);
+  cap = cap < 4 ? 4 : (cap > 128 / V ? 128 / V : cap);
+  const int TX = balanced_tx(CV, cap);
+  const int TY = kThreads / TX;
   const int64_t total = static_cast<int64_t>(s.N) * s.Ho * groupsW;
   const int64_t gx = (total + TY - 1) / TY;
   const int gy = (CV + TX - 1) / TX;
