@@ -209,6 +209,7 @@ def bench_batch_norm(args, timer: Timer, copy_tbps: float) -> list[Row]:
 
 
 SECTIONS: dict[str, Callable] = {"batch_norm": bench_batch_norm}
+SECTIONS["cbr"] = lambda args, timer, copy_tbps: importlib.import_module("cudadoctor_ops.bench_cbr").bench_rows(args, timer, copy_tbps)  # noqa: E501
 
 
 # ---------------------------------------------------------------- output
