@@ -12,6 +12,8 @@
 #   sanitizer  compute-sanitizer memcheck/racecheck/initcheck/synccheck over
 #              `python -m cudadoctor_ops.sanitize $SANITIZE_OPS` -> sanitizer.log
 #   bench      python -m cudadoctor_ops.bench $BENCH_OPS -> bench.log (+ bench.json)
+#   cbr        Conv+BN+ReLU: its tests, sanitizer tools, python -m cudadoctor_ops.bench_cbr
+#              -> cbr.log, cbr-bench.log (not in the default list)
 #   depthwise  depthwise conv2d: bench, tests, sanitizer -> depthwise-{bench,tests,sanitizer}.log
 # Environment: PYTHON (python3), OUT, MAX_JOBS (nproc), TORCH_CUDA_ARCH_LIST,
 #   TESTS (pytest targets, default tests/ops), SANITIZE_OPS / BENCH_OPS (default batch_norm),
@@ -170,6 +172,33 @@ section_depthwise() {
   done
   ROWS+=("depthwise|$([ $rc -eq 0 ] && echo ok || echo FAIL)|$((SECONDS - t0))s|${details}")
   return $rc
+}
+
+# cbr: fused Conv+BN+ReLU -- its tests, the four sanitizer tools over its kernel paths, and its
+# benchmark with torch.compile and the ResNet-50 step -> cbr.log, cbr-bench.log (+ cbr-bench.json)
+section_cbr() {
+  local log="$OUT/cbr.log" t0=$SECONDS ok=0 rc tool details=""
+  : >"$log"
+  run_logged cbr-tests "$(limit_for cbr_tests 240)" "$log" "$PY" -m pytest tests/ops/test_conv_bn_relu.py -q -rs -p no:cacheprovider
+  rc=$?
+  details+="tests rc=$rc $(grep -E '(passed|failed)' "$log" | tail -n 1 | sed 's/=//g' | cut -c1-80); "
+  [ $rc -ne 0 ] && ok=1
+  local san
+  san="$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")"
+  for tool in ${SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}; do
+    echo "==== $tool ====" >>"$log"
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 run_logged "cbr-$tool" "$(limit_for sanitizer 100)" "$log" \
+      "$san" --tool "$tool" --error-exitcode 17 --target-processes all "$PY" -m cudadoctor_ops.sanitize conv_bn_relu
+    rc=$?
+    details+="$tool rc=$rc; "
+    [ $rc -ne 0 ] && ok=1
+  done
+  run_logged cbr-bench "$(limit_for bench 300)" "$OUT/cbr-bench.log" "$PY" -m cudadoctor_ops.bench_cbr ${BENCH_ARGS:-}
+  rc=$?
+  details+="bench rc=$rc"
+  [ $rc -ne 0 ] && ok=1
+  ROWS+=("cbr|$([ $ok -eq 0 ] && echo ok || echo FAIL)|$((SECONDS - t0))s|${details}")
+  return $ok
 }
 
 SECTIONS=("$@")
