@@ -73,15 +73,36 @@ def nvidia_include_dirs(cuda: str | None, paths: list[str] | None = None) -> lis
     return out
 
 
+def toolkit_root(facts: dict) -> str | None:
+    """The toolkit to build with: the first one the probe found, seen through an nvcc wrapper script
+    (/usr/local/bin/nvcc calling /usr/local/cuda-13.0/bin/nvcc: torch would guess /usr/local), and
+    preferring one whose include folder has cuda_runtime_api.h."""
+    tks = facts.get("toolkits") if isinstance(facts, dict) else None
+    roots: list[str] = []
+    for tk in tks if isinstance(tks, list) else []:
+        if not isinstance(tk, dict):
+            continue
+        wrapped = tk.get("nvcc_wrapper_of")
+        if isinstance(wrapped, str) and wrapped:
+            roots.append(os.path.dirname(os.path.dirname(os.path.realpath(wrapped))))
+        if tk.get("root"):
+            roots.append(str(tk["root"]))
+    for r in roots:
+        if os.path.isfile(os.path.join(r, "include", "cuda_runtime_api.h")):
+            return r
+    return roots[0] if roots else None
+
+
 def local_env(plan: BuildPlan, facts: dict, report: dict, base_env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
     """The build environment and the notes about what was adjusted."""
     env = dict(base_env)
     env.update(dict(plan.env))
     notes: list[str] = []
-    tks = facts.get("toolkits") if isinstance(facts, dict) else None
-    if not env.get("CUDA_HOME") and isinstance(tks, list) and tks and isinstance(tks[0], dict) and tks[0].get("root"):
-        env["CUDA_HOME"] = str(tks[0]["root"])
-        notes.append(f"CUDA_HOME={env['CUDA_HOME']}")
+    if not env.get("CUDA_HOME"):
+        root = toolkit_root(facts)
+        if root:
+            env["CUDA_HOME"] = root
+            notes.append(f"CUDA_HOME={root}")
     ids = {f.get("id") for f in report.get("findings") or []}
     cuda_home = env.get("CUDA_HOME") or "/usr/local/cuda"
     header_missing = not os.path.isfile(os.path.join(cuda_home, "include", "cusparse.h"))

@@ -178,3 +178,30 @@ def test_copy_transfer_for_remote_daemons(base_image, client, tmp_path):
 
     assert read_manifest(wheel)["shared_objects"]["ext_min/_C.cpython-311-x86_64-linux-gnu.so"]["sass"] == ["sm_89"]
     assert labelled(client) == []
+
+
+@pytest.mark.compile
+def test_opsrc_fat_wheel_in_docker(base_image, client, tmp_path):
+    """The operator package itself (several .cu files; about 4 minutes on 2 cores for two archs)."""
+    if not (ROOT / "opsrc" / "setup.py").is_file():
+        pytest.skip("opsrc/ is not in this checkout")
+    out = tmp_path / "dist"
+    r = cli("opsrc", "--arch", "8.6,8.9", "--torch", "2.14.1", "--toolkit", "pip", "--base-image", base_image,
+            "--out", str(out), "--work-dir", str(tmp_path / "work"))
+    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+    wheel = next(out.glob("cudadoctor_ops-*+cu130torch2.14-*.whl"))
+    site = tmp_path / "site"
+    pi = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target", str(site),
+                         str(wheel)], capture_output=True, text=True, timeout=300)
+    assert pi.returncode == 0, pi.stderr
+    ins = subprocess.run([sys.executable, "-m", "cudadoctor", "inspect", "--json", str(site / "cudadoctor_ops")],
+                         capture_output=True, text=True, timeout=120)
+    sos = [e for e in json.loads(ins.stdout)["files"] if ".so" in e["path"]]
+    assert sos
+    for e in sos:
+        assert {"sm_86", "sm_89"} <= set(e["sass"]), e
+    imp = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import cudadoctor_ops; "
+                          "print(cudadoctor_ops.__file__)", str(site)], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path)
+    assert imp.returncode == 0 and str(site) in imp.stdout, imp.stderr
+    assert labelled(client) == []
