@@ -377,8 +377,6 @@ def _tensor_key(t: Optional[Tensor]):
 class _FoldCache:
     """BN-folded (W', b') of one conv/bn pair, keyed on the tensors' identities and versions."""
 
-    __slots__ = ("key", "weight", "bias")
-
     def __init__(self) -> None:
         self.key = None
         self.weight: Optional[Tensor] = None
@@ -410,7 +408,8 @@ def _cbr_forward(conv: nn.Conv2d, bn: nn.BatchNorm2d, cache: _FoldCache, input: 
     if ac is not None:
         input = input.to(ac)
     if use_batch_stats:
-        cache.key = None
+        if not torch.compiler.is_compiling():
+            cache.key = None  # running statistics are about to change
         if ac is not None:
             weight = weight.to(ac)
             bias = None if bias is None else bias.to(ac)
@@ -524,8 +523,7 @@ class _FusedConv2d(nn.Conv2d):
     """
 
     def forward(self, input: Tensor) -> Tensor:  # type: ignore[override]
-        d = self.__dict__
-        return _cbr_forward(self, d["_cbr_bn"], d["_cbr_cache"], input, d.get("_cbr_eval_impl", "auto"))
+        return _cbr_forward(self, self._cbr_bn, self._cbr_cache, input, self._cbr_eval_impl)
 
 
 class _AbsorbedBatchNorm2d(nn.BatchNorm2d):
