@@ -50,8 +50,11 @@ def _has_cuda_kernel(qualname: str) -> bool:
 _HAS_DEPTHWISE = _has_cuda_kernel("cudadoctor_ops::depthwise_conv2d")
 _HAS_UPDATE_STATS = _has_cuda_kernel("cudadoctor_ops::batch_norm_update_stats")
 
-# conv_bias_relu impl codes: 0 auto (cuDNN fused conv+bias+ReLU where available), 1 epilogue.
-EVAL_IMPLS = {"auto": 0, "epilogue": 1}
+# Inference implementations. "cudnn": one cuDNN fused conv+bias+ReLU call where cuDNN has an
+# engine for it (else the epilogue path); "epilogue": the convolution, then one bias+ReLU kernel;
+# "auto": the faster of those (and, for NCHW input, of the same with a channels_last convolution
+# inside), timed once per shape on first use. The functional API treats "auto" as "cudnn".
+EVAL_IMPLS = {"auto": 0, "cudnn": 0, "epilogue": 1}
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -338,7 +341,8 @@ def conv_bn_relu(
     channels_last. conv_weight / conv_bias have the input's dtype; bn_weight, bn_bias and the
     running statistics have the input's dtype or float32. training=True normalises with the batch
     statistics and updates running_mean / running_var in place; training=False uses them (BN
-    folded into the convolution, eval_impl "auto" or "epilogue"). CPU tensors run the torch ops.
+    folded into the convolution; eval_impl "cudnn" (= "auto" here) or "epilogue"). CPU tensors
+    run the torch ops.
     """
     _check_args(input, conv_weight, bn_weight, running_mean, running_var, training, momentum, eps, groups)
     stride_, padding_, dilation_ = _pair(stride, "stride"), _pair(padding, "padding"), _pair(dilation, "dilation")
@@ -381,6 +385,61 @@ class _FoldCache:
         self.key = None
         self.weight: Optional[Tensor] = None
         self.bias: Optional[Tensor] = None
+        self.weight_cl: Optional[Tensor] = None  # channels_last copy for the tuned NCHW variants
+
+
+# (input shape, dtype, channels_last, weight shape, conv args, device) -> name of the fastest variant
+_TUNED: dict = {}
+
+
+def _eval_variants(input: Tensor, w: Tensor, b: Tensor, conv_args: tuple, cache: _FoldCache, channels_last: bool):
+    variants = {
+        "cudnn": lambda: _ops.conv_bias_relu(input, w, b, *conv_args, 0),
+        "epilogue": lambda: _ops.conv_bias_relu(input, w, b, *conv_args, 1),
+    }
+    if not channels_last and input.dtype != torch.float64 and input.shape[1] > 1:
+        if cache.weight_cl is None:
+            cache.weight_cl = w.contiguous(memory_format=torch.channels_last)
+        wcl = cache.weight_cl
+        cl = torch.channels_last
+        variants["cudnn, channels_last inside"] = lambda: _ops.conv_bias_relu(
+            input.contiguous(memory_format=cl), wcl, b, *conv_args, 0
+        ).contiguous()
+        variants["epilogue, channels_last inside"] = lambda: _ops.conv_bias_relu(
+            input.contiguous(memory_format=cl), wcl, b, *conv_args, 1
+        ).contiguous()
+    return variants
+
+
+def _time_ms(fn, reps: int = 5) -> float:
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def _eval_tuned(input: Tensor, w: Tensor, b: Tensor, conv_args: tuple, cache: _FoldCache,
+                channels_last: bool) -> Tensor:
+    key = (tuple(input.shape), input.dtype, channels_last, tuple(w.shape), conv_args, input.device)
+    variants = _eval_variants(input, w, b, conv_args, cache, channels_last)
+    name = _TUNED.get(key)
+    if name is None:
+        if torch.cuda.is_current_stream_capturing():
+            return variants["cudnn"]()
+        times = {n: _time_ms(fn) for n, fn in variants.items()}
+        name = min(times, key=times.get)
+        _TUNED[key] = name
+    return variants[name]()
+
+
+def tuned_eval_choices() -> dict:
+    """The inference variant picked per shape so far (for benchmarks and debugging)."""
+    return {str(k[:5]): v for k, v in _TUNED.items()}
 
 
 def _cbr_forward(conv: nn.Conv2d, bn: nn.BatchNorm2d, cache: _FoldCache, input: Tensor, eval_impl: str) -> Tensor:
@@ -440,10 +499,12 @@ def _cbr_forward(conv: nn.Conv2d, bn: nn.BatchNorm2d, cache: _FoldCache, input: 
                 w, b = fold_bn(conv.weight, conv.bias, bn.weight, bn.bias, rm, rv, bn.eps, dtype)
                 if channels_last:
                     w = w.contiguous(memory_format=torch.channels_last)
-            cache.key, cache.weight, cache.bias = key, w, b
+            cache.key, cache.weight, cache.bias, cache.weight_cl = key, w, b, None
         w, b = cache.weight, cache.bias
-    return _ops.conv_bias_relu(input, w, b, list(conv.stride), list(padding), list(conv.dilation), conv.groups,
-                               EVAL_IMPLS[eval_impl])
+    conv_args = (tuple(conv.stride), tuple(padding), tuple(conv.dilation), conv.groups)
+    if eval_impl == "auto" and not differentiable and not torch.compiler.is_compiling():
+        return _eval_tuned(input, w, b, conv_args, cache, channels_last)
+    return _ops.conv_bias_relu(input, w, b, *conv_args, EVAL_IMPLS[eval_impl])
 
 
 def _explicit_padding(conv: nn.Conv2d) -> tuple[int, int]:
@@ -465,7 +526,8 @@ class ConvBNReLU2d(nn.Module):
     ``conv`` and ``bn`` are ordinary :class:`torch.nn.Conv2d` / :class:`torch.nn.BatchNorm2d`
     submodules (state_dict keys ``conv.weight``, ``bn.running_mean``, ...), so weights load from
     ``nn.Sequential(OrderedDict(conv=..., bn=..., relu=...))``. Train/eval follows ``bn``'s mode.
-    eval_impl: "auto" (cuDNN fused conv+bias+ReLU where available) or "epilogue".
+    eval_impl: "auto" (the fastest variant, timed once per shape), "cudnn" (cuDNN fused
+    conv+bias+ReLU where available) or "epilogue" (convolution, then one bias+ReLU kernel).
     """
 
     def __init__(

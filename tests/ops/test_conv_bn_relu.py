@@ -180,7 +180,7 @@ def test_training_matches_torch(case, dtype, layout):
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("impl", ["auto", "epilogue"])
+@pytest.mark.parametrize("impl", ["auto", "cudnn", "epilogue"])
 def test_eval_matches_torch(case, dtype, layout, impl):
     x, conv, bn = _make(case, dtype, layout)
     conv.eval()
