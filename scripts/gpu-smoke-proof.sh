@@ -55,7 +55,7 @@ run_log() {
   echo "[exit $rc]" >>"$log"
   return $rc
 }
-gpu_cc() { "$PY" -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability(0))' 2>/dev/null; }
+gpu_cc() { "$PY" -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability(0))' 2>/dev/null || echo 9.0; }
 
 # build_ops ARCHS DEST LOG : a cudadoctor-ops wheel for ARCHS (e.g. 8.0 or 8.0,9.0) in DEST
 build_ops() {
@@ -98,6 +98,24 @@ install_to() {
   "$PY" -m pip install -q --no-deps --no-index --target "$2" "$1"
 }
 
+# has_finding JSON ID [FIX_SUBSTRING] : the check/smoke JSON report holds finding ID (with such a fix)
+has_finding() {
+  "$PY" - "$@" <<'PYEOF'
+import json, sys
+path, fid = sys.argv[1], sys.argv[2]
+want_fix = sys.argv[3] if len(sys.argv) > 3 else None
+try:
+    rep = json.load(open(path))
+except (OSError, ValueError):
+    sys.exit(1)
+for f in rep.get("findings", []):
+    if f.get("id") == fid and (want_fix is None or any(want_fix in x for x in f.get("fix") or [])):
+        print(f"{fid}: {f.get('title')}" + (f" | fix: {next(x for x in f['fix'] if want_fix in x)}" if want_fix else ""))
+        sys.exit(0)
+sys.exit(1)
+PYEOF
+}
+
 check_ext_supported() { "${CD[@]}" check --help 2>/dev/null | grep -q -- '--ext'; }
 
 section_sm80() {
@@ -131,17 +149,19 @@ section_sm80() {
   echo "# check with the 8.0 wheel on PYTHONPATH" >>"$log"
   PYTHONPATH="$STATE/site-sm80:$PYTHONPATH" run_log "$log" "${CD[@]}" check
   rc=$?
-  local found=1 fixed=1
-  tail -n 80 "$log" | grep -q "EXT_NO_KERNEL_IMAGE\|no kernel image for" && found=0
-  tail -n 80 "$log" | grep -q "TORCH_CUDA_ARCH_LIST" && fixed=0
+  PYTHONPATH="$STATE/site-sm80:$PYTHONPATH" "${CD[@]}" check --json >"$STATE/check-sm80.json" 2>>"$log"
+  local got
+  got="$(has_finding "$STATE/check-sm80.json" EXT_NO_KERNEL_IMAGE TORCH_CUDA_ARCH_LIST)"
+  local found=$?
   if [ $found -ne 0 ] && check_ext_supported; then
     run_log "$log" "${CD[@]}" check --ext "$whl"
     rc=$?
-    tail -n 80 "$log" | grep -q "EXT_NO_KERNEL_IMAGE\|no kernel image for" && found=0
-    tail -n 80 "$log" | grep -q "TORCH_CUDA_ARCH_LIST" && fixed=0
+    "${CD[@]}" check --ext "$whl" --json >"$STATE/check-sm80.json" 2>>"$log"
+    got="$(has_finding "$STATE/check-sm80.json" EXT_NO_KERNEL_IMAGE TORCH_CUDA_ARCH_LIST)"
+    found=$?
   fi
-  expect sm80 "check (wheel installed) reports EXT_NO_KERNEL_IMAGE + fix" $(( found == 0 && fixed == 0 ? 0 : 1 )) \
-    "check exit $rc"
+  echo "# $got" >>"$log"
+  expect sm80 "check (wheel installed) reports EXT_NO_KERNEL_IMAGE + fix" $found "check exit $rc; ${got:0:150}"
 }
 
 section_fat() {
@@ -228,9 +248,12 @@ section_abi() {
       install_to "$whl" "$STATE/site-abi" >>"$log" 2>&1
       PYTHONPATH="$STATE/site-abi:$PYTHONPATH" run_log "$log" "${CD[@]}" check --ext-package planted_bugs
       rc=$?
-      local seen=1
-      tail -n 60 "$log" | grep -q "EXT_ABI_MISMATCH\|does not match the installed torch" && seen=0
-      expect abi "check --ext-package: ABI 0 build -> EXT_ABI_MISMATCH" $seen "check exit $rc"
+      PYTHONPATH="$STATE/site-abi:$PYTHONPATH" "${CD[@]}" check --ext-package planted_bugs --json \
+        >"$STATE/check-abi.json" 2>>"$log"
+      local got seen
+      got="$(has_finding "$STATE/check-abi.json" EXT_ABI_MISMATCH)"
+      seen=$?
+      expect abi "check --ext-package: ABI 0 build -> EXT_ABI_MISMATCH" $seen "check exit $rc; ${got:0:120}"
     fi
   else
     expect abi "build planted_bugs with C++11 ABI 0" 1 "see abi.log"
@@ -248,10 +271,12 @@ section_abi() {
   rm -rf "$claimed"
   mkdir -p "$claimed"
   "$PY" - "$fat" "$claimed" <<'PYEOF' >>"$log" 2>&1
-import json, os, sys, zipfile
+import base64, hashlib, json, os, sys, zipfile
 src, dest = sys.argv[1], sys.argv[2]
 out = os.path.join(dest, os.path.basename(src))
-with zipfile.ZipFile(src) as zin, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zout:
+claim = {"torch": "2.9.0", "cxx11_abi": False}
+members = []
+with zipfile.ZipFile(src) as zin:
     names = zin.namelist()
     info = next(n.split("/")[0] for n in names if n.split("/")[0].endswith(".dist-info"))
     for n in names:
@@ -259,13 +284,15 @@ with zipfile.ZipFile(src) as zin, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED
             continue
         data = zin.read(n)
         if n == f"{info}/cudadoctor_build.json":
-            m = json.loads(data)
-            m.update(torch="2.9.0", cxx11_abi=False)
-            data = json.dumps(m, indent=2).encode()
-        zout.writestr(n, data)
-    if f"{info}/cudadoctor_build.json" not in names:
-        zout.writestr(f"{info}/cudadoctor_build.json", json.dumps({"torch": "2.9.0", "cxx11_abi": False}))
-    zout.writestr(f"{info}/RECORD", "")
+            data = json.dumps(dict(json.loads(data), **claim), indent=2).encode()
+        members.append((n, data))
+if f"{info}/cudadoctor_build.json" not in names:
+    members.append((f"{info}/cudadoctor_build.json", json.dumps(claim).encode()))
+digest = lambda d: "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b"=").decode()
+record = "".join(f"{n},{digest(d)},{len(d)}\n" for n, d in members) + f"{info}/RECORD,,\n"
+with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zout:
+    for n, d in members + [(f"{info}/RECORD", record.encode())]:
+        zout.writestr(n, d)
 print("wrote", out)
 PYEOF
   local claimed_whl
@@ -274,14 +301,19 @@ PYEOF
   echo "# check with the re-labelled wheel on PYTHONPATH" >>"$log"
   PYTHONPATH="$STATE/site-claimed:$PYTHONPATH" run_log "$log" "${CD[@]}" check
   local rc=$?
-  local found=1
-  tail -n 80 "$log" | grep -q "EXT_ABI_MISMATCH\|does not match the installed torch" && found=0
+  PYTHONPATH="$STATE/site-claimed:$PYTHONPATH" "${CD[@]}" check --json >"$STATE/check-claimed.json" 2>>"$log"
+  local got found
+  got="$(has_finding "$STATE/check-claimed.json" EXT_ABI_MISMATCH)"
+  found=$?
   if [ $found -ne 0 ] && check_ext_supported; then
     run_log "$log" "${CD[@]}" check --ext "$claimed_whl"
     rc=$?
-    tail -n 80 "$log" | grep -q "EXT_ABI_MISMATCH\|does not match the installed torch" && found=0
+    "${CD[@]}" check --ext "$claimed_whl" --json >"$STATE/check-claimed.json" 2>>"$log"
+    got="$(has_finding "$STATE/check-claimed.json" EXT_ABI_MISMATCH)"
+    found=$?
   fi
-  expect abi "check: manifest claiming torch 2.9.0 -> EXT_ABI_MISMATCH" $found "check exit $rc"
+  echo "# $got" >>"$log"
+  expect abi "check: manifest claiming torch 2.9.0 -> EXT_ABI_MISMATCH" $found "check exit $rc; ${got:0:120}"
   run_log "$log" "${CD[@]}" smoke "$claimed_whl" --tools none
   rc=$?
   local said=1

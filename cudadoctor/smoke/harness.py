@@ -215,9 +215,12 @@ def extension_findings(facts: dict) -> list[dict]:
 def _manifest_check(manifest: dict | None, probe: dict, abi_findings: list[dict]) -> dict:
     t = probe.get("torch") or {}
     if manifest is None:
-        detail = "no cudadoctor build manifest; torch/CUDA/ABI read from the binaries where they tell"
-        return {"name": "manifest", "ok": not abi_findings, "detail": detail if not abi_findings else
-                abi_findings[0]["detail"]}
+        if abi_findings:
+            return {"name": "manifest", "ok": False,
+                    "detail": "no cudadoctor build manifest; the binaries (or their load error) show another "
+                              "torch / CUDA / C++ ABI: see EXT_ABI_MISMATCH"}
+        return {"name": "manifest", "ok": True,
+                "detail": "no cudadoctor build manifest; torch/CUDA/ABI read from the binaries where they tell"}
     if manifest.get("error"):
         return {"name": "manifest", "ok": False, "detail": str(manifest["error"])}
     src = manifest.get("built_with") if isinstance(manifest.get("built_with"), dict) else manifest
