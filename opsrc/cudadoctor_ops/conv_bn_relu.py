@@ -743,14 +743,16 @@ def fuse_conv_bn_relu(model: nn.Module, eval_impl: str = "auto") -> nn.Module:
     return model
 
 
-def sanitize_exercise() -> int:
+def sanitize_exercise(quick: bool = False) -> int:
     """Runs every kernel path once on small shapes (``python -m cudadoctor_ops.sanitize
-    conv_bn_relu`` under compute-sanitizer); returns the number of fused calls."""
+    conv_bn_relu`` under compute-sanitizer); returns the number of fused calls. quick: float32 and
+    float16 only."""
     calls = 0
     # (N, C_in, H, W, C_out, groups): vector / 8-element groups, odd sizes (scalar paths), depthwise
     cases = [(2, 8, 8, 8, 16, 1), (3, 5, 7, 5, 6, 1), (2, 8, 9, 9, 8, 8), (2, 16, 4, 4, 16, 1)]
+    dtypes = (torch.float32, torch.float16) if quick else (torch.float32, torch.float16, torch.bfloat16, torch.float64)
     for n, ci, h, w, co, g in cases:
-        for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        for dtype in dtypes:
             for layout in ("nchw", "channels_last"):
                 x = torch.randn(n, ci, h, w, device="cuda", dtype=dtype)
                 if layout == "channels_last":
