@@ -245,9 +245,9 @@ def resnet50_step(steps: int = 20, batch: int = 64, timed: int = 10) -> dict:
     }
 
 
-def _cases(quick: bool):
-    cases = [(s, k, 1, dt, lay) for s, k, _, dt, lay in HEADLINE]
-    if not quick:
+def _cases(quick: bool, which: str = "all"):
+    cases = [] if which == "resnet" else [(s, k, 1, dt, lay) for s, k, _, dt, lay in HEADLINE]
+    if not quick and which != "headline":
         for s, k, st in RESNET50_3X3:
             cases.append((s, k, st, "bf16", "nhwc"))
             cases.append((s, k, st, "fp32", "nchw"))
@@ -259,9 +259,9 @@ def _cases(quick: bool):
     return out
 
 
-def run(timer, quick: bool = False, compile_block: bool = True, progress=None) -> list[dict]:
+def run(timer, quick: bool = False, compile_block: bool = True, progress=None, which: str = "all") -> list[dict]:
     results = []
-    for shape, k, st, dt, lay in _cases(quick):
+    for shape, k, st, dt, lay in _cases(quick, which):
         headline = (shape, k, 1, dt, lay) in [(s, kk, 1, d, l) for s, kk, _, d, l in HEADLINE]
         r = bench_case(timer, shape, k, st, dt, lay, compile_block and headline)
         results.append(r)
@@ -353,6 +353,8 @@ def _fmt(results: list[dict], resnet: dict, header: bool = True) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cudadoctor_ops.bench_cbr", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="only the three headline shapes")
+    parser.add_argument("--cases", choices=["all", "headline", "resnet"], default="all",
+                        help="headline: the three target shapes; resnet: ResNet-50's 3x3 layers (default: all)")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile of the eager block")
     parser.add_argument("--no-resnet", action="store_true", help="skip the ResNet-50 training step")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -369,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     def progress(r):
         print(_fmt([r], {}, header=False), file=sys.stderr, flush=True)
 
-    results = run(timer, quick=args.quick, compile_block=not args.no_compile, progress=progress)
+    results = run(timer, quick=args.quick, compile_block=not args.no_compile, progress=progress, which=args.cases)
     resnet = {} if args.no_resnet else resnet50_step()
     doc = json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cases": results,
                       "resnet50": resnet}, default=list)
