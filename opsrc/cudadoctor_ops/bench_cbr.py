@@ -146,7 +146,7 @@ def bench_case(timer, shape, k, stride, dt, layout, compile_block: bool) -> dict
             [True, True, False],
         )
     )
-    del y0, g0
+    del y0
     res["train fwd"] = (timer(fwd(fused)), timer(fwd(eager)))
     res["fwd+bwd"] = (timer(fwd_bwd(fused)), timer(fwd_bwd(eager)))
     if compile_block:
