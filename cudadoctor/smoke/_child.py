@@ -10,7 +10,8 @@ installed, under compute-sanitizer, and a crash or hang here only ends this proc
         Runs the smoke cases (of the given ops) and prints one line per case, prefixed with
         RESULT_PREFIX, holding a JSON object {case, op, status, max_abs_err, detail}.
 
-The smoke-case protocol (a module, by default ``<PKG>._smoke``):
+The smoke-case protocol (a module: ``--cases MODULE``, else the ``smoke_cases`` key of the wheel's
+cudadoctor_build.json manifest, else ``<PKG>._smoke``):
 
     SMOKE_CASES = [  # or a function smoke_cases() returning such a list
         {

@@ -288,7 +288,8 @@ def run_smoke(req: SmokeRequest, *, runner: Runner | None = None, progress: Prog
                                      "detail": f"pip install --no-deps --no-index --target {tmp}"})
             from cudadoctor.inspect import inspect_path
 
-            entries = inspect_path(req.wheel)
+            # a wheel with a manifest but no shared object comes back as one entry saying so: no device code
+            entries = [e for e in inspect_path(req.wheel) if e.get("error") != "no shared objects inside"]
             pythonpath = tmp
         else:
             import importlib.util
@@ -308,6 +309,10 @@ def run_smoke(req: SmokeRequest, *, runner: Runner | None = None, progress: Prog
             report["target"] = {"wheel": None, "package": package, "installed_to": None}
             pythonpath = None
 
+        if req.cases_module is None and isinstance(manifest, dict) and isinstance(manifest.get("smoke_cases"), str):
+            from dataclasses import replace
+
+            req = replace(req, cases_module=manifest["smoke_cases"])  # the build manifest names the case module
         say(f"importing torch and {package} in a child process")
         probe = probe_child(runner, req, package, pythonpath)
         t = probe.get("torch") or {}

@@ -230,3 +230,12 @@ def test_wheel_for_another_platform_fails_install_check(tmp_path, capsys):
     code, rep = smoke_json(capsys, whl)
     assert code == EXIT_FAILED
     assert check(rep, "install")["ok"] is False and "not a supported wheel" in check(rep, "install")["detail"]
+
+
+def test_manifest_can_name_the_case_module(tmp_path, capsys):
+    files = package_files(cases=None)
+    files["fakeext/checks.py"] = PASSING_CASES
+    whl = make_wheel(tmp_path, files=files, manifest=dict(TORCH, smoke_cases="fakeext.checks"))
+    code, rep = smoke_json(capsys, whl, "--device", "cpu", "--tools", "none")
+    assert code == EXIT_PASSED
+    assert "fakeext.checks" in check(rep, "cases")["detail"]
