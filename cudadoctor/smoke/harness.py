@@ -378,7 +378,8 @@ def run_smoke(req: SmokeRequest, *, runner: Runner | None = None, progress: Prog
             else:
                 report["checks"].append({"name": "archs", "ok": True,
                                          "detail": "every GPU runs every shared object (" +
-                                                   ", ".join(sorted({f"cc {v['gpu']} via {v['code']}" for v in report['verdicts']})) + ")"})
+                                                   ", ".join(sorted({f"cc {v['gpu']} via {v['code']}" + (" PTX JIT" if v["via"] == "ptx" else "")
+                                                                     for v in report['verdicts']})) + ")"})
 
         # cases
         cases = list(probe.get("cases") or [])

@@ -87,7 +87,8 @@ def human(report: dict, *, ascii_only: bool = False, verbose: bool = False) -> s
         for r in problems:
             out.append(f"{marks[False]} {r['op']} / {r['tool']}: {r.get('detail') or r['status']}")
             for head in (r.get("reports") or [])[: (20 if verbose else 3)]:
-                out.append(f"      {head}")
+                if head not in (r.get("detail") or ""):
+                    out.append(f"      {head}")
             if r.get("log"):
                 out.append(f"      log: {r['log']}")
     for s in report.get("skipped") or []:
