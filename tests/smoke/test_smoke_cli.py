@@ -78,19 +78,19 @@ def test_predicts_no_kernel_image_for_a_requested_gpu_before_running(tmp_path, c
 ])
 def test_manifest_against_runtime_reports_abi_mismatch(tmp_path, capsys, manifest, why):
     whl = make_wheel(tmp_path, files=package_files(so="libkern_sm86_sm89_ptx89.so"), manifest=manifest)
-    code, rep = smoke_json(capsys, whl)
+    code, rep = smoke_json(capsys, whl, "--tools", "none")
     assert code == EXIT_FAILED and rep["status"] == "fail"
     ids = [f["id"] for f in rep["findings"]]
     assert ids == ["EXT_ABI_MISMATCH"]
     assert why in rep["findings"][0]["detail"]
     assert check(rep, "manifest")["ok"] is False
-    code, out, _ = smoke(capsys, whl)
+    code, out, _ = smoke(capsys, whl, "--tools", "none")
     assert "EXT_ABI_MISMATCH" in out and "✗ manifest" in out and "FAIL (exit 1)" in out
 
 
 def test_manifest_for_another_python_fails_the_manifest_check(tmp_path, capsys):
     whl = make_wheel(tmp_path, files=package_files(), manifest=dict(TORCH, python="2.7.18"))
-    code, rep = smoke_json(capsys, whl)
+    code, rep = smoke_json(capsys, whl, "--tools", "none")
     assert code == EXIT_FAILED and "built for Python 2.7.18" in check(rep, "manifest")["detail"]
 
 
