@@ -732,12 +732,41 @@ void check_bn_param(const char* op, const std::optional<at::Tensor>& t, const ch
               "input's dtype", (low ? " or float32" : ""));
 }
 
-// Grid of the per-channel reduction kernels.
-struct RedGrid {
-  dim3 grid, block;
+// Grids of the per-channel reduction kernels: about 8 blocks per SM in all, at least ~2 packs
+// per thread. NCHW: grid (C, splits) of kThreads. NHWC: block (TX, TY), TX threads across the
+// packs of channels, grid (ceil(Cv / TX), splits).
+int nchw_splits(int64_t C, int64_t packs_per_channel, int device) {
+  const int64_t target = int64_t(bn::sm_count(device)) * 8;
+  int64_t s = (target + C - 1) / C;
+  const int64_t by_work = (packs_per_channel + 2 * kThreads - 1) / (2 * kThreads);
+  if (s > by_work) s = by_work;
+  if (s > bn::kMaxSplits) s = bn::kMaxSplits;
+  if (s < 1) s = 1;
+  return static_cast<int>(s);
+}
+
+struct NhwcGrid {
+  dim3 block, grid;
   int splits;
-  size_t smem_per_acc;  // bytes per accumulator slot set (NHWC), times accumulators
 };
+
+NhwcGrid nhwc_grid(int64_t Cv, int64_t R, int device) {
+  int tx = 1;
+  while (tx < Cv && tx < 32) tx <<= 1;
+  const int ty = kThreads / tx;
+  const int64_t gx = (Cv + tx - 1) / tx;
+  const int64_t target = int64_t(bn::sm_count(device)) * 8;
+  int64_t s = (target + gx - 1) / gx;
+  const int64_t by_work = (R + 2 * ty - 1) / (2 * ty);
+  if (s > by_work) s = by_work;
+  if (s > bn::kMaxSplits) s = bn::kMaxSplits;
+  if (s < 1) s = 1;
+  NhwcGrid g;
+  g.block = dim3(tx, ty);
+  g.grid = dim3(static_cast<unsigned>(gx), static_cast<unsigned>(s));
+  g.splits = static_cast<int>(s);
+  return g;
+}
 
 template <typename T, int V>
 void stats_and_apply(const Layout& l, const at::Tensor& out, const at::Tensor& mask, double eps,
@@ -751,13 +780,13 @@ void stats_and_apply(const Layout& l, const at::Tensor& out, const at::Tensor& m
   int splits;
   at::Tensor ws;
   if (l.nhwc) {
-    bn::NhwcGrid g = bn::nhwc_grid(l.C / V, R, device);
+    NhwcGrid g = nhwc_grid(l.C / V, R, device);
     splits = g.splits;
     ws = at::empty({l.C * splits * 3}, save_mean.options());
     const size_t smem = size_t(g.block.x) * g.block.y * V * 3 * sizeof(A);
     cbr_stats_nhwc<T, V><<<g.grid, g.block, smem, stream>>>(x, ws.data_ptr<A>(), R, l.C);
   } else {
-    splits = bn::nchw_splits(l.C, l.N * (l.HW / V), device);
+    splits = nchw_splits(l.C, l.N * (l.HW / V), device);
     ws = at::empty({l.C * splits * 3}, save_mean.options());
     cbr_stats_nchw<T, V><<<dim3(unsigned(l.C), unsigned(splits)), kThreads, 0, stream>>>(
         x, ws.data_ptr<A>(), l.N, l.C, l.HW);
@@ -803,14 +832,14 @@ void grad_conv_out(const Layout& l, const at::Tensor& dy, const at::Tensor& mask
   int splits;
   at::Tensor ws;
   if (l.nhwc) {
-    bn::NhwcGrid g = bn::nhwc_grid(l.C / V, R, device);
+    NhwcGrid g = nhwc_grid(l.C / V, R, device);
     splits = g.splits;
     ws = at::empty({l.C * splits * 2}, save_mean.options());
     const size_t smem = size_t(g.block.x) * g.block.y * V * 2 * sizeof(A);
     cbr_reduce_nhwc<T, V><<<g.grid, g.block, smem, stream>>>(x, d, mp, sm, ws.data_ptr<A>(), R,
                                                               l.C);
   } else {
-    splits = bn::nchw_splits(l.C, l.N * (l.HW / V), device);
+    splits = nchw_splits(l.C, l.N * (l.HW / V), device);
     ws = at::empty({l.C * splits * 2}, save_mean.options());
     cbr_reduce_nchw<T, V><<<dim3(unsigned(l.C), unsigned(splits)), kThreads, 0, stream>>>(
         x, d, mp, sm, ws.data_ptr<A>(), l.N, l.C, l.HW);
