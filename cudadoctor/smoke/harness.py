@@ -318,11 +318,9 @@ def run_smoke(req: SmokeRequest, *, runner: Runner | None = None, progress: Prog
         t = probe.get("torch") or {}
         devices = list(probe.get("devices") or [])
         gpus = [dict(d) for d in devices]
-        present, driver, driver_cuda = ([], None, None)
-        if devices or not t.get("version"):
-            present, driver, driver_cuda = _present_driver(runner)
-            if not gpus:
-                gpus = [dict(g, source="nvidia-smi") for g in present if g.get("cc")]
+        present, driver, driver_cuda = _present_driver(runner)
+        if not gpus:  # torch sees none (CPU build, hidden devices): judge the GPUs the driver lists
+            gpus = [dict(g, source="nvidia-smi") for g in present if g.get("cc")]
         judged = gpus + [{"index": None, "name": "requested target", "cc": cc} for cc in req.gpus]
         report["runtime"] = {"python": probe.get("python"), "torch": t.get("version"), "cuda": t.get("cuda"),
                              "cxx11_abi": t.get("cxx11_abi"), "gpus": gpus, "driver": driver,
@@ -407,6 +405,9 @@ def run_smoke(req: SmokeRequest, *, runner: Runner | None = None, progress: Prog
             pass
         elif not devices and not on_cpu:
             why = probe.get("device_error") or "torch sees no CUDA device"
+            if gpus:
+                why += (f", though nvidia-smi lists {', '.join(g['name'] for g in gpus)} (a CPU build of torch, "
+                        "or CUDA_VISIBLE_DEVICES hiding it? `cudadoctor check` says which)")
             report["skipped"].append(f"no GPU: {why}; the install, import, manifest and arch checks above still ran")
         else:
             dev_index = 0 if on_cpu else _device_index(req.device)

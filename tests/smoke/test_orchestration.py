@@ -25,8 +25,9 @@ FAKE_SANITIZER = "/opt/fake/compute-sanitizer"
 class GpuMachine(Runner):
     """Answers the smoke children as a one-GPU machine would; everything else runs for real."""
 
-    def __init__(self, *, case_status=None, summaries=None):
+    def __init__(self, *, case_status=None, summaries=None, torch_devices=(H200,)):
         super().__init__()
+        self.torch_devices = list(torch_devices)
         self.calls: list[tuple[tuple[str, ...], dict]] = []
         self.case_status = case_status or {}  # op -> (status, detail)
         self.summaries = summaries or {}  # (op, tool) -> sanitizer summary text
@@ -45,7 +46,7 @@ class GpuMachine(Runner):
                                                     "cxx11_abi": TORCH["cxx11_abi"]},
                      "package": package, "import_error": None, "file": f"{env['PYTHONPATH'].split(':')[0]}/{package}/__init__.py",
                      "cases": [{"name": c, "op": op} for op, cs in CASES.items() for c in cs],
-                     "cases_error": None, "devices": [H200], "device_error": None}
+                     "cases_error": None, "devices": self.torch_devices, "device_error": None}
             return Result(argv, 0, json.dumps(probe) + "\n", "")
         op = argv[argv.index("--op") + 1]
         tool = argv[argv.index("--tool") + 1] if argv[0] == FAKE_SANITIZER else "run"
@@ -124,3 +125,14 @@ def test_missing_sanitizer_skips_tools_but_runs_the_cases(tmp_path, monkeypatch)
     assert rep["exit_code"] == 3 and rep["status"] == "skipped"
     assert {r["status"] for r in rep["results"] if r["tool"] == "run"} == {"pass"}
     assert any("compute-sanitizer not found" in s for s in rep["skipped"])
+
+
+def test_torch_without_devices_on_a_gpu_machine_is_skipped_but_judged_against_the_driver_gpus(tmp_path, sanitizer_here):
+    whl = make_wheel(tmp_path, files=package_files(cases=PASSING_CASES, so="libkern_sm87.so"), manifest=TORCH)
+    machine = GpuMachine(torch_devices=())
+    rep = run_smoke(SmokeRequest(wheel=str(whl)), runner=machine)
+    assert rep["runtime"]["gpus"][0]["source"] == "nvidia-smi"
+    assert [f["id"] for f in rep["findings"]] == ["EXT_NO_KERNEL_IMAGE"]  # judged for the H200 nvidia-smi lists
+    assert any("nvidia-smi lists NVIDIA H200" in s for s in rep["skipped"])
+    assert rep["results"] == [] and rep["exit_code"] == EXIT_FAILED
+    assert not any("run" in argv for argv, _ in machine.calls)
