@@ -36,6 +36,12 @@ __device__ __forceinline__ ChannelPre<A> channel_pre(int64_t c, const A* save_me
   return p;
 }
 
+// Packs in flight per thread: each step loads two packs (x and grad), so 8-wide packs use 2.
+template <int V>
+struct BwdUnroll {
+  static constexpr int value = V >= 8 ? 2 : kUnroll;
+};
+
 template <typename A>
 __device__ __forceinline__ A masked(A g, A c, A a, A e, bool relu) {
   return (relu && !(c * a + e > A(0))) ? A(0) : g;
@@ -44,7 +50,7 @@ __device__ __forceinline__ A masked(A g, A c, A a, A e, bool relu) {
 // x, dy: [N, C, HW]; grid (C, splits), block kThreads. ws: [C, splits, 3] = (sum g, sum g*c,
 // sum c).
 template <typename T, int V>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 2)
     bn_bwd_reduce_nchw(const T* __restrict__ x, const T* __restrict__ dy,
                        typename Acc<T>::type* __restrict__ ws, int64_t N, int64_t C, int64_t HW,
                        const typename Acc<T>::type* save_mean,
@@ -52,6 +58,7 @@ __global__ void __launch_bounds__(kThreads)
                        const typename Acc<T>::type* reserve, const void* weight, int wkind,
                        const void* bias, int bkind, bool relu) {
   using A = typename Acc<T>::type;
+  constexpr int U = BwdUnroll<V>::value;
   const int64_t c = blockIdx.x;
   const int splits = gridDim.y;
   const int64_t packs = N * (HW / V);
@@ -65,10 +72,10 @@ __global__ void __launch_bounds__(kThreads)
   int64_t j = begin + threadIdx.x;
   if (j < end) {
     NchwWalk w(j, stride, c, C, HW, V);
-    for (; j < end; j += kUnroll * stride) {
-      Pack<T, V> px[kUnroll], pg[kUnroll];
+    for (; j < end; j += U * stride) {
+      Pack<T, V> px[U], pg[U];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
+      for (int u = 0; u < U; ++u) {
         if (j + u * stride < end) {
           px[u] = *reinterpret_cast<const Pack<T, V>*>(x + w.off);
           pg[u] = *reinterpret_cast<const Pack<T, V>*>(dy + w.off);
@@ -76,7 +83,7 @@ __global__ void __launch_bounds__(kThreads)
         w.advance();
       }
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
+      for (int u = 0; u < U; ++u) {
         if (j + u * stride < end) {
 #pragma unroll
           for (int i = 0; i < V; ++i) {
@@ -117,7 +124,7 @@ __global__ void __launch_bounds__(kThreads)
 
 // x, dy: [R, C]; block (TX, TY), grid (ceil(C/V/TX), splits); dynamic smem TY*TX*V*3 sums.
 template <typename T, int V>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 2)
     bn_bwd_reduce_nhwc(const T* __restrict__ x, const T* __restrict__ dy,
                        typename Acc<T>::type* __restrict__ ws, int64_t R, int64_t C,
                        const typename Acc<T>::type* save_mean,
@@ -125,6 +132,7 @@ __global__ void __launch_bounds__(kThreads)
                        const typename Acc<T>::type* reserve, const void* weight, int wkind,
                        const void* bias, int bkind, bool relu) {
   using A = typename Acc<T>::type;
+  constexpr int U = BwdUnroll<V>::value;
   extern __shared__ unsigned char smem_raw[];
   A* sm = reinterpret_cast<A*>(smem_raw);
   const int64_t Cv = C / V;
@@ -152,10 +160,10 @@ __global__ void __launch_bounds__(kThreads)
     }
     const int64_t rstride = int64_t(gridDim.y) * blockDim.y;
     for (int64_t r = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; r < R;
-         r += kUnroll * rstride) {
-      Pack<T, V> px[kUnroll], pg[kUnroll];
+         r += U * rstride) {
+      Pack<T, V> px[U], pg[U];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
+      for (int u = 0; u < U; ++u) {
         if (r + u * rstride < R) {
           const int64_t off = (r + u * rstride) * C + cv * V;
           px[u] = *reinterpret_cast<const Pack<T, V>*>(x + off);
@@ -163,7 +171,7 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
+      for (int u = 0; u < U; ++u) {
         if (r + u * rstride < R) {
 #pragma unroll
           for (int i = 0; i < V; ++i) {
@@ -206,21 +214,37 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// One warp per channel. ws may be null (splits == 0): no reduction was needed (eval, no
-// parameter grads). count = values per channel. Writes grad_weight / grad_bias when given and
-// coef [C, 5] = (mean, A, B, D, E).
+// What it takes to finish a channel of the backward: the partial sums ws [C, splits, 3] (null
+// with splits == 0 when no reduction was needed: eval without parameter grads), the saved
+// statistics, the affine parameters and where the parameter grads go (null: not wanted).
 template <typename A>
-__global__ void bn_bwd_finalize(const A* __restrict__ ws, int splits, int64_t C, int64_t count,
-                                bool training, const A* save_mean, const A* save_invstd,
-                                const A* reserve, const void* weight, int wkind, const void* bias,
-                                int bkind, void* grad_weight, int gwkind, void* grad_bias,
-                                int gbkind, A* __restrict__ coef) {
-  const int lane = threadIdx.x & 31;
-  const int64_t c = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (c >= C) return;
-  A sg = 0, sgc = 0, sc = 0;
-  for (int s = lane; s < splits; s += 32) {
-    const A* p = ws + (c * splits + s) * 3;
+struct BwdArgs {
+  const A* ws;
+  int splits;
+  int64_t count;  // values per channel
+  bool training;
+  const A* save_mean;
+  const A* save_invstd;
+  const A* reserve;
+  const void* weight;
+  int wkind;
+  const void* bias;
+  int bkind;
+  void* grad_weight;
+  int gwkind;
+  void* grad_bias;
+  int gbkind;
+};
+
+// Lane 0 of the calling warp gets channel c's (sum g, sum g*c, sum c).
+template <typename A>
+__device__ __forceinline__ void warp_sum_partials(const BwdArgs<A>& f, int64_t c, A& sg, A& sgc,
+                                                  A& sc) {
+  sg = 0;
+  sgc = 0;
+  sc = 0;
+  for (int s = threadIdx.x & 31; s < f.splits; s += 32) {
+    const A* p = f.ws + (c * f.splits + s) * 3;
     sg += p[0];
     sgc += p[1];
     sc += p[2];
@@ -228,65 +252,91 @@ __global__ void bn_bwd_finalize(const A* __restrict__ ws, int splits, int64_t C,
   sg = warp_sum(sg);
   sgc = warp_sum(sgc);
   sc = warp_sum(sc);
-  if (lane != 0) return;
-  const ChannelPre<A> pre =
-      channel_pre<A>(c, save_mean, save_invstd, reserve, weight, wkind, bias, bkind);
-  const A invstd = save_invstd[c];
-  const A M = static_cast<A>(count);
+}
+
+// coef = (mean, A, B, D, E) of channel c: grad_input = A * g + B * (x - mean) + D, ReLU mask
+// (x - mean) * A + E > 0. Stores the parameter grads when `store`.
+template <typename A>
+__device__ __forceinline__ void finish_bwd_channel(const BwdArgs<A>& f, int64_t c, A sg, A sgc,
+                                                   A sc, bool store, A* coef) {
+  const ChannelPre<A> pre = channel_pre<A>(c, f.save_mean, f.save_invstd, f.reserve, f.weight,
+                                           f.wkind, f.bias, f.bkind);
+  const A invstd = f.save_invstd[c];
+  const A M = static_cast<A>(f.count);
   A mc = 0, S = sgc;
-  if (training) {
+  if (f.training) {
     mc = sc / M;
-    S = sgc - mc * sg;
+    S = sgc - mc * sg;  // sum of g * (x - true mean)
   }
-  if (grad_weight != nullptr) store_param<A>(grad_weight, gwkind, c, S * invstd);
-  if (grad_bias != nullptr) store_param<A>(grad_bias, gbkind, c, sg);
+  if (store && f.grad_weight != nullptr) store_param<A>(f.grad_weight, f.gwkind, c, S * invstd);
+  if (store && f.grad_bias != nullptr) store_param<A>(f.grad_bias, f.gbkind, c, sg);
   A B = 0, D = 0;
-  if (training) {
+  if (f.training) {
     B = -pre.a * invstd * invstd * S / M;
     D = -pre.a * sg / M - B * mc;
   }
-  A* o = coef + c * 5;
-  o[0] = pre.mean;
-  o[1] = pre.a;
-  o[2] = B;
-  o[3] = D;
-  o[4] = pre.e;
+  coef[0] = pre.mean;
+  coef[1] = pre.a;
+  coef[2] = B;
+  coef[3] = D;
+  coef[4] = pre.e;
 }
 
-// x, dy, dx: [N, C, HW]; grid (C, splits). need_x: false only for eval without ReLU.
+// One warp per channel: parameter grads and coef [C, 5] (channels-last, or no grad_input).
+template <typename A>
+__global__ void bn_bwd_finalize(BwdArgs<A> f, int64_t C, A* __restrict__ coef) {
+  const int64_t c = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (c >= C) return;
+  A sg, sgc, sc;
+  warp_sum_partials(f, c, sg, sgc, sc);
+  if ((threadIdx.x & 31) != 0) return;
+  finish_bwd_channel(f, c, sg, sgc, sc, true, coef + c * 5);
+}
+
+// x, dy, dx: [N, C, HW]; grid (C, splits of the apply). Warp 0 finishes the channel from the
+// f.splits partials; block y == 0 stores the parameter grads. need_x: false only for eval
+// without ReLU.
 template <typename T, int V>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 2)
     bn_bwd_apply_nchw(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
-                      const typename Acc<T>::type* __restrict__ coef, int64_t N, int64_t C,
-                      int64_t HW, bool relu, bool need_x) {
+                      BwdArgs<typename Acc<T>::type> f, int64_t N, int64_t C, int64_t HW,
+                      bool relu, bool need_x) {
   using A = typename Acc<T>::type;
-  const int64_t c = blockIdx.x;
+  constexpr int U = BwdUnroll<V>::value;
+  const int64_t c = int64_t(gridDim.x) - 1 - blockIdx.x;  // last channels first (still in L2)
+  __shared__ A sh[5];
+  if (threadIdx.x < 32) {
+    A sg, sgc, sc;
+    warp_sum_partials(f, c, sg, sgc, sc);
+    if (threadIdx.x == 0) finish_bwd_channel(f, c, sg, sgc, sc, blockIdx.y == 0, sh);
+  }
+  __syncthreads();
+  const A mean = sh[0], a = sh[1], B = sh[2], D = sh[3], e = sh[4];
   const int splits = gridDim.y;
   const int64_t packs = N * (HW / V);
   const int64_t chunk = (packs + splits - 1) / splits;
   const int64_t begin = blockIdx.y * chunk;
   const int64_t end = begin + chunk < packs ? begin + chunk : packs;
   const int64_t stride = blockDim.x;
-  const A mean = coef[c * 5 + 0], a = coef[c * 5 + 1], B = coef[c * 5 + 2],
-          D = coef[c * 5 + 3], e = coef[c * 5 + 4];
-  int64_t j = begin + threadIdx.x;
-  if (j >= end) return;
+  // backwards through the slice: the reduce pass read its end last
+  int64_t j = end - 1 - threadIdx.x;
+  if (j < begin) return;
   NchwWalk w(j, stride, c, C, HW, V);
-  for (; j < end; j += kUnroll * stride) {
-    Pack<T, V> px[kUnroll], pg[kUnroll];
-    int64_t off[kUnroll];
+  for (; j >= begin; j -= U * stride) {
+    Pack<T, V> px[U], pg[U];
+    int64_t off[U];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       off[u] = w.off;
-      if (j + u * stride < end) {
+      if (j - u * stride >= begin) {
         if (need_x) px[u] = *reinterpret_cast<const Pack<T, V>*>(x + w.off);
         pg[u] = *reinterpret_cast<const Pack<T, V>*>(dy + w.off);
       }
-      w.advance();
+      w.retreat();
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (j + u * stride < end) {
+    for (int u = 0; u < U; ++u) {
+      if (j - u * stride >= begin) {
         Pack<T, V> o;
 #pragma unroll
         for (int i = 0; i < V; ++i) {
@@ -302,11 +352,12 @@ __global__ void __launch_bounds__(kThreads)
 
 // x, dy, dx: [R, C]; block/grid like bn_bwd_reduce_nhwc.
 template <typename T, int V>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 2)
     bn_bwd_apply_nhwc(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
                       const typename Acc<T>::type* __restrict__ coef, int64_t R, int64_t C,
                       bool relu, bool need_x) {
   using A = typename Acc<T>::type;
+  constexpr int U = BwdUnroll<V>::value;
   const int64_t Cv = C / V;
   const int64_t cv = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (cv >= Cv) return;
@@ -321,18 +372,18 @@ __global__ void __launch_bounds__(kThreads)
     e[i] = q[4];
   }
   const int64_t rstride = int64_t(gridDim.y) * blockDim.y;
-  for (int64_t r = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; r < R; r += kUnroll * rstride) {
-    Pack<T, V> px[kUnroll], pg[kUnroll];
+  for (int64_t r = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; r < R; r += U * rstride) {
+    Pack<T, V> px[U], pg[U];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       if (r + u * rstride < R) {
-        const int64_t off = (r + u * rstride) * C + cv * V;
+        const int64_t off = (R - 1 - r - u * rstride) * C + cv * V;  // last rows first
         if (need_x) px[u] = *reinterpret_cast<const Pack<T, V>*>(x + off);
         pg[u] = *reinterpret_cast<const Pack<T, V>*>(dy + off);
       }
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       if (r + u * rstride < R) {
         Pack<T, V> o;
 #pragma unroll
@@ -341,7 +392,7 @@ __global__ void __launch_bounds__(kThreads)
           const A g = masked(static_cast<A>(pg[u].v[i]), cx, a[i], e[i], relu);
           o.v[i] = static_cast<T>(a[i] * g + B[i] * cx + D[i]);
         }
-        *reinterpret_cast<Pack<T, V>*>(dx + (r + u * rstride) * C + cv * V) = o;
+        *reinterpret_cast<Pack<T, V>*>(dx + (R - 1 - r - u * rstride) * C + cv * V) = o;
       }
     }
   }
@@ -362,55 +413,63 @@ void launch_backward(const Layout& l, const at::Tensor& dy, const at::Tensor& dx
   const A* si = save_invstd.data_ptr<A>();
   const A* rs = reserve.data_ptr<A>();
   const int64_t R = l.N * l.HW;
-  dim3 grid, block;
-  size_t smem = 0;
-  int splits;
-  if (l.nhwc) {
-    NhwcGrid gr = nhwc_grid(l.C / V, R, device);
-    grid = gr.grid;
-    block = gr.block;
-    splits = gr.splits;
-    smem = size_t(block.x) * block.y * V * 3 * sizeof(A);
-  } else {
-    splits = nchw_splits(l.C, l.N * (l.HW / V), device);
-    grid = dim3(static_cast<unsigned>(l.C), static_cast<unsigned>(splits));
-    block = dim3(kThreads);
-  }
+  int splits = 0;
   at::Tensor ws;
   if (need_reduce) {
+    const Plan p = l.nhwc ? plan_launch(bn_bwd_reduce_nhwc<T, V>, true, l.N, l.C, l.HW, V,
+                                        V * 3 * sizeof(A), device)
+                          : plan_launch(bn_bwd_reduce_nchw<T, V>, false, l.N, l.C, l.HW, V, 0,
+                                        device);
+    splits = p.splits;
     ws = at::empty({l.C * splits * 3}, acc_opts);
     if (l.nhwc) {
-      bn_bwd_reduce_nhwc<T, V><<<grid, block, smem, stream>>>(
+      bn_bwd_reduce_nhwc<T, V><<<p.grid, p.block, p.smem, stream>>>(
           x, g, ws.data_ptr<A>(), R, l.C, sm, si, rs, param_ptr(w), param_kind(w), param_ptr(b),
           param_kind(b), relu);
     } else {
-      bn_bwd_reduce_nchw<T, V><<<grid, block, 0, stream>>>(
+      bn_bwd_reduce_nchw<T, V><<<p.grid, p.block, 0, stream>>>(
           x, g, ws.data_ptr<A>(), l.N, l.C, l.HW, sm, si, rs, param_ptr(w), param_kind(w),
           param_ptr(b), param_kind(b), relu);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
+  BwdArgs<A> f;
+  f.ws = need_reduce ? ws.data_ptr<A>() : nullptr;
+  f.splits = need_reduce ? splits : 0;
+  f.count = R;
+  f.training = training;
+  f.save_mean = sm;
+  f.save_invstd = si;
+  f.reserve = rs;
+  f.weight = param_ptr(w);
+  f.wkind = param_kind(w);
+  f.bias = param_ptr(b);
+  f.bkind = param_kind(b);
+  f.grad_weight = gw.defined() ? gw.data_ptr() : nullptr;
+  f.gwkind = param_kind(gw);
+  f.grad_bias = gb.defined() ? gb.data_ptr() : nullptr;
+  f.gbkind = param_kind(gb);
+  const bool need_x = training || relu;
+  if (!l.nhwc && dx.defined()) {
+    // the apply blocks finish their channel themselves
+    Plan p = plan_launch(bn_bwd_apply_nchw<T, V>, false, l.N, l.C, l.HW, V, 0, device);
+    if (need_reduce) p.grid.y = static_cast<unsigned>(splits);  // same slices, reversed
+    bn_bwd_apply_nchw<T, V><<<p.grid, p.block, 0, stream>>>(x, g, dx.data_ptr<T>(), f, l.N, l.C,
+                                                            l.HW, relu, need_x);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
   at::Tensor coef = at::empty({l.C, 5}, acc_opts);
   {
     const int warps = 8;
     const unsigned fgrid = static_cast<unsigned>((l.C + warps - 1) / warps);
-    bn_bwd_finalize<A><<<fgrid, warps * 32, 0, stream>>>(
-        need_reduce ? ws.data_ptr<A>() : nullptr, need_reduce ? splits : 0, l.C, R, training, sm,
-        si, rs, param_ptr(w), param_kind(w), param_ptr(b), param_kind(b),
-        gw.defined() ? gw.data_ptr() : nullptr, param_kind(gw),
-        gb.defined() ? gb.data_ptr() : nullptr, param_kind(gb), coef.data_ptr<A>());
+    bn_bwd_finalize<A><<<fgrid, warps * 32, 0, stream>>>(f, l.C, coef.data_ptr<A>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   if (dx.defined()) {
-    const bool need_x = training || relu;
-    if (l.nhwc) {
-      bn_bwd_apply_nhwc<T, V><<<grid, block, 0, stream>>>(x, g, dx.data_ptr<T>(),
-                                                          coef.data_ptr<A>(), R, l.C, relu,
-                                                          need_x);
-    } else {
-      bn_bwd_apply_nchw<T, V><<<grid, block, 0, stream>>>(
-          x, g, dx.data_ptr<T>(), coef.data_ptr<A>(), l.N, l.C, l.HW, relu, need_x);
-    }
+    const Plan p = plan_launch(bn_bwd_apply_nhwc<T, V>, true, l.N, l.C, l.HW, V, 0, device);
+    bn_bwd_apply_nhwc<T, V><<<p.grid, p.block, 0, stream>>>(
+        x, g, dx.data_ptr<T>(), coef.data_ptr<A>(), R, l.C, relu, need_x);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 }

@@ -8,7 +8,9 @@
 //           and every input whose HW is 1). Block (TX, TY): a thread owns V consecutive channels
 //           and walks rows; blockIdx.y picks a slice of the rows.
 // Reductions are split over many blocks per channel (partials to a workspace [C, splits, 3]),
-// merged by a small per-channel finalize kernel, then an elementwise pass applies the result.
+// merged per channel (by the first warp of each NCHW apply block, or a small finalize kernel
+// for NHWC), then an elementwise pass applies the result. The apply passes walk memory in the
+// reverse order of the reduction passes, so they start on what the reduction left in L2.
 // V is 16 / sizeof(T) (16-byte loads) when the rows are 16-byte aligned, else 1.
 // All element offsets are 64-bit.
 #pragma once
@@ -23,7 +25,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 
 namespace cudadoctor_ops {
 namespace bn {
@@ -154,6 +158,14 @@ struct NchwWalk {
       off += wrap;
     }
   }
+  __device__ __forceinline__ void retreat() {  // the step back, for reversed traversals
+    h -= step_h;
+    off -= step_off;
+    if (h < 0) {
+      h += HWv;
+      off -= wrap;
+    }
+  }
 };
 
 // ---- host helpers ----
@@ -233,10 +245,35 @@ inline int vec_width(const Layout& l, std::initializer_list<const void*> ptrs) {
   return V;
 }
 
-// Blocks per channel for the NCHW kernels: enough to fill the GPU, at least ~2 packs per thread.
-inline int nchw_splits(int64_t C, int64_t packs_per_channel, int device) {
-  const int64_t target = int64_t(sm_count(device)) * 8;
-  int64_t s = (target + C - 1) / C;
+// Resident blocks of `kernel` per SM with kThreads threads and `smem` bytes of dynamic shared
+// memory, cached per kernel (every GPU of a process is assumed to be of one kind; the count only
+// sizes grids).
+template <typename K>
+inline int blocks_per_sm(K kernel, size_t smem) {
+  static std::mutex mu;
+  static std::unordered_map<const void*, int> cache;
+  const void* key = reinterpret_cast<const void*>(kernel);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+  }
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem) != cudaSuccess) {
+    (void)cudaGetLastError();
+    n = 2;
+  }
+  if (n < 1) n = 1;
+  std::lock_guard<std::mutex> lock(mu);
+  cache[key] = n;
+  return n;
+}
+
+// Blocks per channel for the NCHW kernels: one full wave of resident blocks (a partial second
+// wave would leave most SMs idle at the end), at least ~2 packs per thread.
+inline int nchw_splits(int64_t C, int64_t packs_per_channel, int device, int per_sm) {
+  const int64_t wave = int64_t(sm_count(device)) * per_sm;
+  int64_t s = wave / C;
   const int64_t by_work = (packs_per_channel + 2 * kThreads - 1) / (2 * kThreads);
   if (s > by_work) s = by_work;
   if (s > kMaxSplits) s = kMaxSplits;
@@ -249,22 +286,52 @@ struct NhwcGrid {
   int splits;
 };
 
-inline NhwcGrid nhwc_grid(int64_t Cv, int64_t R, int device) {
+inline dim3 nhwc_block(int64_t Cv) {
   int tx = 1;
   while (tx < Cv && tx < 32) tx <<= 1;
-  const int ty = kThreads / tx;
-  const int64_t gx = (Cv + tx - 1) / tx;
-  const int64_t target = int64_t(sm_count(device)) * 8;
-  int64_t s = (target + gx - 1) / gx;
-  const int64_t by_work = (R + 2 * ty - 1) / (2 * ty);
+  return dim3(tx, kThreads / tx);
+}
+
+inline NhwcGrid nhwc_grid(int64_t Cv, int64_t R, int device, int per_sm) {
+  const dim3 block = nhwc_block(Cv);
+  const int64_t gx = (Cv + block.x - 1) / block.x;
+  const int64_t wave = int64_t(sm_count(device)) * per_sm;
+  int64_t s = wave / gx;
+  const int64_t by_work = (R + 2 * block.y - 1) / (2 * block.y);
   if (s > by_work) s = by_work;
   if (s > kMaxSplits) s = kMaxSplits;
   if (s < 1) s = 1;
   NhwcGrid g;
-  g.block = dim3(tx, ty);
+  g.block = block;
   g.grid = dim3(static_cast<unsigned>(gx), static_cast<unsigned>(s));
   g.splits = static_cast<int>(s);
   return g;
+}
+
+// Grid of one streaming kernel over layout l with packs of V: NHWC kernels take
+// nhwc_smem_per_thread bytes of dynamic shared memory per thread (0 for none).
+struct Plan {
+  dim3 grid, block;
+  size_t smem = 0;
+  int splits = 1;
+};
+
+template <typename K>
+inline Plan plan_launch(K kernel, bool nhwc, int64_t N, int64_t C, int64_t HW, int V,
+                        size_t nhwc_smem_per_thread, int device) {
+  Plan p;
+  if (nhwc) {
+    p.smem = size_t(kThreads) * nhwc_smem_per_thread;
+    NhwcGrid g = nhwc_grid(C / V, N * HW, device, blocks_per_sm(kernel, p.smem));
+    p.grid = g.grid;
+    p.block = g.block;
+    p.splits = g.splits;
+  } else {
+    p.splits = nchw_splits(C, N * (HW / V), device, blocks_per_sm(kernel, 0));
+    p.grid = dim3(static_cast<unsigned>(C), static_cast<unsigned>(p.splits));
+    p.block = dim3(kThreads);
+  }
+  return p;
 }
 
 inline bool parse_relu(c10::string_view activation) {
@@ -283,9 +350,13 @@ inline void check_param(const c10::optional<at::Tensor>& t, const char* name,
   TORCH_CHECK(p.device() == input.device(), "cudadoctor_ops.batch_norm: ", name, " is on ",
               p.device(), " but input is on ", input.device(),
               "; move both to the same CUDA device");
-  TORCH_CHECK(p.dim() == 1 && p.size(0) == C, "cudadoctor_ops.batch_norm: ", name,
-              " must have shape [", C, "] (one value per channel of input, dim 1), got ",
-              p.sizes());
+  if (!(p.dim() == 1 && p.size(0) == C)) {
+    std::string got = "[";
+    for (int64_t d = 0; d < p.dim(); ++d) got += (d ? ", " : "") + std::to_string(p.size(d));
+    got += "]";
+    TORCH_CHECK(false, "cudadoctor_ops.batch_norm: ", name, " must have shape [", C,
+                "] (one value per channel of input, dim 1), got ", got);
+  }
   const bool low = input.scalar_type() == at::kHalf || input.scalar_type() == at::kBFloat16;
   TORCH_CHECK(p.scalar_type() == input.scalar_type() || (low && p.scalar_type() == at::kFloat),
               "cudadoctor_ops.batch_norm: ", name, " has dtype ", p.scalar_type(),

@@ -183,50 +183,84 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// One warp per channel. Writes save_mean, save_invstd, reserve (the part of the mean that
-// save_mean's rounding lost) and coef [C, 3] = (K, a, b) for y = (x - K) * a + b.
-// training: merges ws [C, splits, 3]; K = x[c * k_stride]. Eval: K = running_mean.
+// What it takes to finish a channel: its statistics (training: partials ws [C, splits, 3] of
+// x - K with K = x[c * k_stride]; eval: the running statistics), the affine parameters, and
+// where the saved statistics go.
+template <typename A>
+struct FwdArgs {
+  const A* ws;
+  int splits;
+  A eps;
+  bool training;
+  const void* rmean;
+  const void* rvar;
+  int rkind;
+  const void* weight;
+  int wkind;
+  const void* bias;
+  int bkind;
+  A* save_mean;
+  A* save_invstd;
+  A* reserve;  // the part of the mean that save_mean's rounding lost
+  int64_t k_stride;
+};
+
+// Lane 0 of the calling warp gets the merged (mean of x - K, M2, count) of channel c.
+template <typename A>
+__device__ __forceinline__ void warp_merge_partials(const A* __restrict__ ws, int splits,
+                                                    int64_t c, A& mean, A& m2, A& n) {
+  mean = 0;
+  m2 = 0;
+  n = 0;
+  for (int s = threadIdx.x & 31; s < splits; s += 32) {
+    const A* p = ws + (c * splits + s) * 3;
+    welford_merge(mean, m2, n, p[0], p[1], p[2]);
+  }
+  warp_welford(mean, m2, n);
+}
+
+// Coefficients of y = (x - K) * a + b for channel c; writes the saved statistics when `store`.
+// ms, m2, n: merged training statistics (ignored in eval).
+template <typename A, typename T>
+__device__ __forceinline__ void finish_channel(const T* x, int64_t c, const FwdArgs<A>& f, A ms,
+                                               A m2, A n, bool store, A& K, A& a, A& b) {
+  A invstd;
+  if (f.training) {
+    K = static_cast<A>(x[c * f.k_stride]);
+    const A var = n > A(0) ? m2 / n : A(0);
+    invstd = inv_sqrt(var + f.eps);
+  } else {
+    K = load_param<A>(f.rmean, f.rkind, c, A(0));
+    ms = 0;
+    invstd = inv_sqrt(load_param<A>(f.rvar, f.rkind, c, A(1)) + f.eps);
+  }
+  const A w = load_param<A>(f.weight, f.wkind, c, A(1));
+  const A bias = load_param<A>(f.bias, f.bkind, c, A(0));
+  a = w * invstd;
+  b = bias - ms * a;
+  if (store) {
+    const A full = K + ms;
+    f.save_mean[c] = full;
+    f.save_invstd[c] = invstd;
+    f.reserve[c] = (K - full) + ms;
+  }
+}
+
+// Channels-last training only: one warp per channel merges the partials into coef [C, 3].
 template <typename T>
-__global__ void bn_finalize_fwd(const T* __restrict__ x, int64_t k_stride,
-                                const typename Acc<T>::type* __restrict__ ws, int splits,
-                                int64_t C, double eps, bool training, const void* rmean,
-                                const void* rvar, int rkind, const void* weight, int wkind,
-                                const void* bias, int bkind, typename Acc<T>::type* save_mean,
-                                typename Acc<T>::type* save_invstd,
-                                typename Acc<T>::type* reserve, typename Acc<T>::type* coef) {
+__global__ void bn_finalize_fwd(const T* __restrict__ x, FwdArgs<typename Acc<T>::type> f,
+                                int64_t C, typename Acc<T>::type* __restrict__ coef) {
   using A = typename Acc<T>::type;
-  const int lane = threadIdx.x & 31;
   const int64_t c = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (c >= C) return;
-  A K, ms, invstd;
-  if (training) {
-    A mean = 0, m2 = 0, n = 0;
-    for (int s = lane; s < splits; s += 32) {
-      const A* p = ws + (c * splits + s) * 3;
-      welford_merge(mean, m2, n, p[0], p[1], p[2]);
-    }
-    warp_welford(mean, m2, n);
-    if (lane != 0) return;
-    K = static_cast<A>(x[c * k_stride]);
-    ms = mean;
-    const A var = n > A(0) ? m2 / n : A(0);
-    invstd = inv_sqrt(var + static_cast<A>(eps));
-  } else {
-    if (lane != 0) return;
-    K = load_param<A>(rmean, rkind, c, A(0));
-    ms = 0;
-    invstd = inv_sqrt(load_param<A>(rvar, rkind, c, A(1)) + static_cast<A>(eps));
-  }
-  const A full = K + ms;
-  const A w = load_param<A>(weight, wkind, c, A(1));
-  const A b = load_param<A>(bias, bkind, c, A(0));
-  const A a = w * invstd;
-  save_mean[c] = full;
-  save_invstd[c] = invstd;
-  reserve[c] = (K - full) + ms;
+  A ms, m2, n;
+  warp_merge_partials(f.ws, f.splits, c, ms, m2, n);
+  if ((threadIdx.x & 31) != 0) return;
+  A K, a, b;
+  finish_channel(x, c, f, ms, m2, n, true, K, a, b);
   coef[c * 3 + 0] = K;
   coef[c * 3 + 1] = a;
-  coef[c * 3 + 2] = b - ms * a;
+  coef[c * 3 + 2] = b;
 }
 
 template <typename A>
@@ -234,36 +268,51 @@ __device__ __forceinline__ A act(A y, bool relu) {
   return (relu && y < A(0)) ? A(0) : y;  // NaN passes through like torch.relu
 }
 
-// x, y: [N, C, HW]; grid (C, splits) like bn_stats_nchw.
+// x, y: [N, C, HW]; grid (C, splits of the apply), block kThreads. Warp 0 finishes the channel
+// (merging the f.splits training partials, or from the running statistics); block y == 0
+// stores the saved statistics.
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
-    bn_apply_nchw(const T* __restrict__ x, T* __restrict__ y,
-                  const typename Acc<T>::type* __restrict__ coef, int64_t N, int64_t C,
-                  int64_t HW, bool relu) {
+    bn_apply_nchw(const T* __restrict__ x, T* __restrict__ y, FwdArgs<typename Acc<T>::type> f,
+                  int64_t N, int64_t C, int64_t HW, bool relu) {
   using A = typename Acc<T>::type;
-  const int64_t c = blockIdx.x;
+  const int64_t c = int64_t(gridDim.x) - 1 - blockIdx.x;  // last channels first (still in L2)
+  __shared__ A sh[3];
+  if (threadIdx.x < 32) {
+    A ms = 0, m2 = 0, n = 0;
+    if (f.training) warp_merge_partials(f.ws, f.splits, c, ms, m2, n);
+    if (threadIdx.x == 0) {
+      A K, a, b;
+      finish_channel(x, c, f, ms, m2, n, blockIdx.y == 0, K, a, b);
+      sh[0] = K;
+      sh[1] = a;
+      sh[2] = b;
+    }
+  }
+  __syncthreads();
+  const A K = sh[0], a = sh[1], b = sh[2];
   const int splits = gridDim.y;
   const int64_t packs = N * (HW / V);
   const int64_t chunk = (packs + splits - 1) / splits;
   const int64_t begin = blockIdx.y * chunk;
   const int64_t end = begin + chunk < packs ? begin + chunk : packs;
   const int64_t stride = blockDim.x;
-  const A K = coef[c * 3 + 0], a = coef[c * 3 + 1], b = coef[c * 3 + 2];
-  int64_t j = begin + threadIdx.x;
-  if (j >= end) return;
+  // backwards through the slice: the stats pass read its end last
+  int64_t j = end - 1 - threadIdx.x;
+  if (j < begin) return;
   NchwWalk w(j, stride, c, C, HW, V);
-  for (; j < end; j += kUnroll * stride) {
+  for (; j >= begin; j -= kUnroll * stride) {
     Pack<T, V> p[kUnroll];
     int64_t off[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       off[u] = w.off;
-      if (j + u * stride < end) p[u] = *reinterpret_cast<const Pack<T, V>*>(x + w.off);
-      w.advance();
+      if (j - u * stride >= begin) p[u] = *reinterpret_cast<const Pack<T, V>*>(x + w.off);
+      w.retreat();
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      if (j + u * stride < end) {
+      if (j - u * stride >= begin) {
         Pack<T, V> o;
 #pragma unroll
         for (int i = 0; i < V; ++i)
@@ -274,30 +323,39 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// x, y: [R, C]; block/grid like bn_stats_nhwc.
+// x, y: [R, C]; block (TX, TY), grid (ceil(C/V/TX), splits). coef [C, 3] from bn_finalize_fwd
+// in training; null in eval, where each thread finishes its V channels from the running
+// statistics (row-slice 0, threadIdx.y 0 stores the saved statistics).
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
     bn_apply_nhwc(const T* __restrict__ x, T* __restrict__ y,
-                  const typename Acc<T>::type* __restrict__ coef, int64_t R, int64_t C,
-                  bool relu) {
+                  const typename Acc<T>::type* __restrict__ coef,
+                  FwdArgs<typename Acc<T>::type> f, int64_t R, int64_t C, bool relu) {
   using A = typename Acc<T>::type;
   const int64_t Cv = C / V;
   const int64_t cv = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (cv >= Cv) return;
   A K[V], a[V], b[V];
+  const bool store = blockIdx.y == 0 && threadIdx.y == 0;
 #pragma unroll
   for (int i = 0; i < V; ++i) {
-    K[i] = coef[(cv * V + i) * 3 + 0];
-    a[i] = coef[(cv * V + i) * 3 + 1];
-    b[i] = coef[(cv * V + i) * 3 + 2];
+    const int64_t c = cv * V + i;
+    if (coef != nullptr) {
+      K[i] = coef[c * 3 + 0];
+      a[i] = coef[c * 3 + 1];
+      b[i] = coef[c * 3 + 2];
+    } else {
+      finish_channel(x, c, f, A(0), A(0), A(0), store, K[i], a[i], b[i]);
+    }
   }
+  // rows from the last one down: the stats pass read those last
   const int64_t rstride = int64_t(gridDim.y) * blockDim.y;
   for (int64_t r = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; r < R; r += kUnroll * rstride) {
     Pack<T, V> p[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
       if (r + u * rstride < R)
-        p[u] = *reinterpret_cast<const Pack<T, V>*>(x + (r + u * rstride) * C + cv * V);
+        p[u] = *reinterpret_cast<const Pack<T, V>*>(x + (R - 1 - r - u * rstride) * C + cv * V);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (r + u * rstride < R) {
@@ -305,12 +363,14 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int i = 0; i < V; ++i)
           o.v[i] = static_cast<T>(act((static_cast<A>(p[u].v[i]) - K[i]) * a[i] + b[i], relu));
-        *reinterpret_cast<Pack<T, V>*>(y + (r + u * rstride) * C + cv * V) = o;
+        *reinterpret_cast<Pack<T, V>*>(y + (R - 1 - r - u * rstride) * C + cv * V) = o;
       }
     }
   }
 }
 
+// Launches: NCHW training: stats -> apply (which finishes its channel itself); NCHW eval:
+// apply; NHWC training: stats -> finalize -> apply; NHWC eval: apply.
 template <typename T, int V>
 void launch_forward(const Layout& l, const at::Tensor& out, bool training, double eps,
                     bool relu, const at::Tensor& rm, const at::Tensor& rv, const at::Tensor& w,
@@ -322,47 +382,56 @@ void launch_forward(const Layout& l, const at::Tensor& out, bool training, doubl
   const T* x = l.x.data_ptr<T>();
   T* y = out.data_ptr<T>();
   const auto acc_opts = save_mean.options();
-  at::Tensor coef = at::empty({l.C, 3}, acc_opts);
-  at::Tensor ws;
-  int splits = 0;
-  dim3 grid, block;
-  size_t smem = 0;
   const int64_t R = l.N * l.HW;
-  if (l.nhwc) {
-    NhwcGrid g = nhwc_grid(l.C / V, R, device);
-    grid = g.grid;
-    block = g.block;
-    splits = g.splits;
-    smem = size_t(block.x) * block.y * V * 3 * sizeof(A);
-  } else {
-    splits = nchw_splits(l.C, l.N * (l.HW / V), device);
-    grid = dim3(static_cast<unsigned>(l.C), static_cast<unsigned>(splits));
-    block = dim3(kThreads);
-  }
+  FwdArgs<A> f;
+  f.ws = nullptr;
+  f.splits = 0;
+  f.eps = static_cast<A>(eps);
+  f.training = training;
+  f.rmean = param_ptr(rm);
+  f.rvar = param_ptr(rv);
+  f.rkind = param_kind(rm);
+  f.weight = param_ptr(w);
+  f.wkind = param_kind(w);
+  f.bias = param_ptr(b);
+  f.bkind = param_kind(b);
+  f.save_mean = save_mean.data_ptr<A>();
+  f.save_invstd = save_invstd.data_ptr<A>();
+  f.reserve = reserve.data_ptr<A>();
+  f.k_stride = l.nhwc ? 1 : l.HW;
+  at::Tensor ws;
+  int stats_splits = 0;
   if (training) {
-    ws = at::empty({l.C * splits * 3}, acc_opts);
+    const Plan p = l.nhwc ? plan_launch(bn_stats_nhwc<T, V>, true, l.N, l.C, l.HW, V,
+                                        V * 3 * sizeof(A), device)
+                          : plan_launch(bn_stats_nchw<T, V>, false, l.N, l.C, l.HW, V, 0, device);
+    ws = at::empty({l.C * p.splits * 3}, acc_opts);
+    f.ws = ws.data_ptr<A>();
+    f.splits = p.splits;
+    stats_splits = p.splits;
     if (l.nhwc) {
-      bn_stats_nhwc<T, V><<<grid, block, smem, stream>>>(x, ws.data_ptr<A>(), R, l.C);
+      bn_stats_nhwc<T, V><<<p.grid, p.block, p.smem, stream>>>(x, ws.data_ptr<A>(), R, l.C);
     } else {
-      bn_stats_nchw<T, V><<<grid, block, 0, stream>>>(x, ws.data_ptr<A>(), l.N, l.C, l.HW);
+      bn_stats_nchw<T, V><<<p.grid, p.block, 0, stream>>>(x, ws.data_ptr<A>(), l.N, l.C, l.HW);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  {
-    const int warps = 8;
-    const unsigned fgrid = static_cast<unsigned>((l.C + warps - 1) / warps);
-    bn_finalize_fwd<T><<<fgrid, warps * 32, 0, stream>>>(
-        x, l.nhwc ? 1 : l.HW, training ? ws.data_ptr<A>() : nullptr, splits, l.C, eps, training,
-        param_ptr(rm), param_ptr(rv), param_kind(rm), param_ptr(w), param_kind(w), param_ptr(b),
-        param_kind(b), save_mean.data_ptr<A>(), save_invstd.data_ptr<A>(), reserve.data_ptr<A>(),
-        coef.data_ptr<A>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
   if (l.nhwc) {
-    bn_apply_nhwc<T, V><<<grid, block, 0, stream>>>(x, y, coef.data_ptr<A>(), R, l.C, relu);
+    at::Tensor coef;
+    if (training) {
+      coef = at::empty({l.C, 3}, acc_opts);
+      const int warps = 8;
+      const unsigned fgrid = static_cast<unsigned>((l.C + warps - 1) / warps);
+      bn_finalize_fwd<T><<<fgrid, warps * 32, 0, stream>>>(x, f, l.C, coef.data_ptr<A>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+    const Plan p = plan_launch(bn_apply_nhwc<T, V>, true, l.N, l.C, l.HW, V, 0, device);
+    bn_apply_nhwc<T, V><<<p.grid, p.block, 0, stream>>>(
+        x, y, coef.defined() ? coef.data_ptr<A>() : nullptr, f, R, l.C, relu);
   } else {
-    bn_apply_nchw<T, V><<<grid, block, 0, stream>>>(x, y, coef.data_ptr<A>(), l.N, l.C, l.HW,
-                                                    relu);
+    Plan p = plan_launch(bn_apply_nchw<T, V>, false, l.N, l.C, l.HW, V, 0, device);
+    if (training) p.grid.y = static_cast<unsigned>(stats_splits);  // same slices, reversed
+    bn_apply_nchw<T, V><<<p.grid, p.block, 0, stream>>>(x, y, f, l.N, l.C, l.HW, relu);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

@@ -121,6 +121,39 @@ def _verify_batch_size(size) -> None:
         raise ValueError(f"Expected more than 1 value per channel when training, got input size {size}")
 
 
+_LOW = (torch.float16, torch.bfloat16)
+_DTYPE_NAMES = {torch.float32: "Float", torch.float16: "Half", torch.bfloat16: "BFloat16", torch.float64: "Double"}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return _DTYPE_NAMES.get(dtype, str(dtype).replace("torch.", ""))
+
+
+def _check_param(t: Optional[Tensor], name: str, input: Tensor) -> None:
+    """The checks of the CUDA kernel (batch_norm_common.cuh), done before the call."""
+    if t is None:
+        return
+    if not isinstance(t, Tensor):
+        raise TypeError(f"cudadoctor_ops.batch_norm: {name} must be a tensor or None, got {type(t).__name__}")
+    c = input.shape[1]
+    if t.device != input.device:
+        raise RuntimeError(
+            f"cudadoctor_ops.batch_norm: {name} is on {t.device} but input is on {input.device}; "
+            "move both to the same CUDA device"
+        )
+    if t.dim() != 1 or t.shape[0] != c:
+        raise RuntimeError(
+            f"cudadoctor_ops.batch_norm: {name} must have shape [{c}] (one value per channel of "
+            f"input, dim 1), got {list(t.shape)}"
+        )
+    if t.dtype != input.dtype and not (input.dtype in _LOW and t.dtype == torch.float32):
+        extra = " or float32" if input.dtype in _LOW else ""
+        raise RuntimeError(
+            f"cudadoctor_ops.batch_norm: {name} has dtype {_dtype_name(t.dtype)} but input has dtype "
+            f"{_dtype_name(input.dtype)}; {name} must have the input's dtype{extra}"
+        )
+
+
 def batch_norm(
     input: Tensor,
     running_mean: Optional[Tensor],
@@ -153,6 +186,10 @@ def batch_norm(
         )
     if momentum is None or not isinstance(momentum, (int, float)) or not math.isfinite(momentum):
         raise ValueError(f"batch_norm: momentum must be a finite float, got {momentum!r}")
+    _check_param(weight, "weight", input)
+    _check_param(bias, "bias", input)
+    _check_param(running_mean, "running_mean", input)
+    _check_param(running_var, "running_var", input)
     if training:
         _verify_batch_size(input.shape)
     out, save_mean, save_invstd, _reserve = torch.ops.cudadoctor_ops.batch_norm(
@@ -176,21 +213,12 @@ def batch_norm(
 class _FusedBatchNorm:
     """Forward of torch's _BatchNorm, routed to cudadoctor_ops.batch_norm (+ activation)."""
 
-    def __init__(
-        self,
-        num_features: int,
-        eps: float = 1e-5,
-        momentum: Optional[float] = 0.1,
-        affine: bool = True,
-        track_running_stats: bool = True,
-        device=None,
-        dtype=None,
-        *,
-        activation: str = "none",
-    ) -> None:
+    def __init__(self, num_features: int, *args, activation: str = "none", **kwargs) -> None:
+        # every other argument goes to torch's constructor unchanged (its signature varies
+        # across torch versions, e.g. the keyword-only `bias` of newer releases)
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype)
+        super().__init__(num_features, *args, **kwargs)
         self.activation = activation
 
     def forward(self, input: Tensor) -> Tensor:

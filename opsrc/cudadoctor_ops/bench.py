@@ -151,7 +151,7 @@ def bn_targets(kind: str, shape: tuple, dtype: str, layout: str) -> tuple[float,
 
 
 def bench_batch_norm(args, timer: Timer, copy_tbps: float) -> list[Row]:
-    from . import batch_norm as bn
+    from .batch_norm import batch_norm as bn_op
 
     cases = list(BN_BASELINE_CASES)
     if not args.quick:
@@ -184,18 +184,18 @@ def bench_batch_norm(args, timer: Timer, copy_tbps: float) -> list[Row]:
 
         add(
             "train fwd",
-            lambda: bn.batch_norm(x, rm, rv, w, b, True, 0.1, 1e-5),
+            lambda: bn_op(x, rm, rv, w, b, True, 0.1, 1e-5),
             lambda: F.batch_norm(x, rm, rv, w, b, True, 0.1, 1e-5),
             3,
         )
         add(
             "eval fwd",
-            lambda: bn.batch_norm(x, rm, rv, w, b, False, 0.1, 1e-5),
+            lambda: bn_op(x, rm, rv, w, b, False, 0.1, 1e-5),
             lambda: F.batch_norm(x, rm, rv, w, b, False, 0.1, 1e-5),
             2,
         )
         xg, wg, bg = x.detach().requires_grad_(True), w.detach().requires_grad_(True), b.detach().requires_grad_(True)
-        ours_out = bn.batch_norm(xg, rm.clone(), rv.clone(), wg, bg, True, 0.1, 1e-5)
+        ours_out = bn_op(xg, rm.clone(), rv.clone(), wg, bg, True, 0.1, 1e-5)
         torch_out = F.batch_norm(xg, rm.clone(), rv.clone(), wg, bg, True, 0.1, 1e-5)
         add(
             "backward",

@@ -43,6 +43,14 @@ def _batch_norm() -> int:
                         y = batch_norm(xg, rm, rv, w, b, training, 0.1, 1e-5, activation)
                         y.backward(torch.randn_like(y))
                         calls += 1
+                # parameter grads only (no grad_input): the finalize-only path
+                for training in (True, False):
+                    w = (torch.rand(c, device="cuda", dtype=pdt) + 0.5).requires_grad_(True)
+                    b = torch.randn(c, device="cuda", dtype=pdt).requires_grad_(True)
+                    rm = torch.zeros(c, device="cuda", dtype=pdt)
+                    rv = torch.ones(c, device="cuda", dtype=pdt)
+                    batch_norm(x, rm, rv, w, b, training, 0.1, 1e-5, "relu").sum().backward()
+                    calls += 1
                 # eval backward without parameter grads (no reduction pass)
                 xg = x.detach().requires_grad_(True)
                 rm = torch.zeros(c, device="cuda", dtype=pdt)

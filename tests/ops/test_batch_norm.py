@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import math
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -272,20 +277,81 @@ class TestBatchNorm:
         rm, rv = torch.zeros(3, device=DEV), torch.ones(3, device=DEV)
         with pytest.raises(RuntimeError, match="weight is on cpu"):
             ops.batch_norm(x, rm, rv, torch.ones(3), None, True)
-        with pytest.raises(RuntimeError, match="weight has dtype Half"):
+        with pytest.raises(RuntimeError, match="weight has dtype Half but input has dtype Float"):
             ops.batch_norm(x, rm, rv, torch.ones(3, device=DEV, dtype=torch.half), None, True)
         with pytest.raises(RuntimeError, match="bias must have shape \\[3\\]"):
             ops.batch_norm(x, rm, rv, None, torch.ones(4, device=DEV), True)
         with pytest.raises(RuntimeError, match="running_var must have shape \\[3\\]"):
             ops.batch_norm(x, rm, torch.ones(3, 1, device=DEV), None, None, False)
-        with pytest.raises(RuntimeError, match="running_mean and running_var must be given"):
-            torch.ops.cudadoctor_ops.batch_norm(x, None, None, None, None, False, 1e-5, "none")
         with pytest.raises(ValueError, match="CUDA tensors only"):
             ops.batch_norm(x.cpu(), rm.cpu(), rv.cpu(), training=True)
         with pytest.raises(ValueError, match="activation"):
             ops.batch_norm(x, rm, rv, training=True, activation="gelu")
-        with pytest.raises(RuntimeError, match="input must be float32, float16, bfloat16"):
-            torch.ops.cudadoctor_ops.batch_norm(x.int(), None, None, None, None, True, 1e-5, "none")
+
+    def test_direct_op_errors_name_the_bad_argument(self, ops):
+        # The C++ checks, called through torch.ops without the Python layer; in a child process
+        # so that a crash is reported as a failure instead of ending the session.
+        code = textwrap.dedent(
+            """
+            import torch, cudadoctor_ops
+            bn = torch.ops.cudadoctor_ops.batch_norm
+            x = torch.randn(4, 3, 5, 5, device="cuda")
+            ok = lambda: torch.ones(3, device="cuda")
+            cases = [
+                ("weight is on cpu", (x, torch.ones(3), None, None, None, True, 1e-5, "none")),
+                ("weight has dtype Half", (x, ok().half(), None, None, None, True, 1e-5, "none")),
+                ("bias must have shape [3]", (x, None, torch.ones(4, device="cuda"), None, None, True, 1e-5, "none")),
+                ("running_var must have shape [3]", (x, None, None, ok(), torch.ones(3, 1, device="cuda"), False, 1e-5, "none")),
+                ("running_mean and running_var must be given", (x, None, None, None, None, False, 1e-5, "none")),
+                ("input must be float32, float16, bfloat16", (x.int(), None, None, None, None, True, 1e-5, "none")),
+                ("activation must be", (x, None, None, None, None, True, 1e-5, "gelu")),
+            ]
+            for want, args in cases:
+                try:
+                    bn(*args)
+                except RuntimeError as exc:
+                    assert want in str(exc), (want, str(exc))
+                else:
+                    raise AssertionError("no error for: " + want)
+            print("all raised")
+            """
+        )
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([str(pathlib.Path(ops.__file__).parents[1]), env.get("PYTHONPATH", "")])
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+        assert proc.returncode == 0 and "all raised" in proc.stdout, (proc.returncode, proc.stdout, proc.stderr[-3000:])
+
+    @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+    @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+    def test_parameter_grads_only(self, ops, layout, training):
+        x, w, b, rm, rv = make((4, 8, 6, 6), torch.float32, layout)
+        w.requires_grad_(True)
+        b.requires_grad_(True)
+        out = ops.batch_norm(x, rm.clone(), rv.clone(), w, b, training, 0.1, 1e-5, "relu")
+        wr = w.detach().double().requires_grad_(True)
+        br = b.detach().double().requires_grad_(True)
+        ref, _, _ = reference(x, rm, rv, wr, br, training, 0.1, 1e-5, "relu")
+        gy = torch.randn_like(ref)
+        out.backward(gy.float())
+        ref.backward(gy)
+        close(w.grad, wr.grad, torch.float32, scale=20, what="grad_weight")
+        close(b.grad, br.grad, torch.float32, scale=20, what="grad_bias")
+
+    @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+    def test_bias_without_weight(self, ops, layout):
+        x, _, b, rm, rv = make((4, 6, 5, 5), torch.float32, layout)
+        x.requires_grad_(True)
+        b.requires_grad_(True)
+        out = ops.batch_norm(x, rm.clone(), rv.clone(), None, b, True, 0.1, 1e-5, "relu")
+        xr = x.detach().double().requires_grad_(True)
+        br = b.detach().double().requires_grad_(True)
+        ref, _, _ = reference(xr, rm, rv, None, br, True, 0.1, 1e-5, "relu")
+        close(out, ref, torch.float32, what="output")
+        gy = torch.randn_like(xr)
+        out.backward(gy.float())
+        ref.backward(gy)
+        close(x.grad, xr.grad, torch.float32, scale=10, what="grad_input")
+        close(b.grad, br.grad, torch.float32, scale=10, what="grad_bias")
 
     @pytest.mark.skipif(
         not torch.cuda.is_available() or torch.cuda.mem_get_info()[0] < 40 * 2**30,
