@@ -420,6 +420,9 @@ def run_smoke(req: SmokeRequest, *, runner: Runner | None = None, progress: Prog
                                 for r in report["results"] if r["tool"] == PLAIN for c in r["cases"])
                 report["prediction_confirmed"] = confirmed
         return _finish(report, started)
+    except KeyboardInterrupt:
+        _kill_children()  # the probe or pip child, when interrupted outside the run pool
+        raise
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -478,10 +481,40 @@ def _run_all(runner: Runner, req: SmokeRequest, package: str, pythonpath: str | 
             cell["log"] = path
         return cell
 
-    with ThreadPoolExecutor(max_workers=n_jobs) as pool:
+    pool = ThreadPoolExecutor(max_workers=n_jobs, thread_name_prefix="cudadoctor-smoke")
+    try:
         cells = list(pool.map(one, jobs_plain))
         cells += list(pool.map(one, jobs_tool))
+    except KeyboardInterrupt:
+        pool.shutdown(wait=False, cancel_futures=True)
+        _kill_children()
+        raise
+    pool.shutdown(wait=True)
     return cells + skip_cells
+
+
+def _kill_children() -> None:
+    """End the child processes this process started (each leads its own session): Ctrl-C must not
+    leave sanitizer runs behind. Linux /proc only; elsewhere they end at their timeout."""
+    import signal
+
+    me = os.getpid()
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+                stat = fh.read()
+            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == me:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
 
 
 def _finish(report: dict, started: float) -> dict:

@@ -136,3 +136,18 @@ def test_torch_without_devices_on_a_gpu_machine_is_skipped_but_judged_against_th
     assert any("nvidia-smi lists NVIDIA H200" in s for s in rep["skipped"])
     assert rep["results"] == [] and rep["exit_code"] == EXIT_FAILED
     assert not any("run" in argv for argv, _ in machine.calls)
+
+
+def test_interrupt_ends_the_running_children(tmp_path):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from cudadoctor.smoke.harness import _kill_children
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    time.sleep(0.2)
+    _kill_children()
+    assert child.wait(timeout=10) == -9
+    assert os.getpid()  # this process is still here
