@@ -12,7 +12,8 @@
 #               only TORCH_CUDA_ARCH_LIST set
 #   nocompress  cold `cudadoctor build ... --no-compress` (wheel size without compression)
 #   tests       install the `local` wheel into a fresh folder, `cudadoctor inspect` it, run tests/ops
-# Environment: PYTHON (python3), OUT (./gpu-build-out), ARCHS (8.0,8.6,8.9,9.0).
+# Environment: PYTHON (python3), OUT (./gpu-build-out), ARCHS (8.0,8.6,8.9,9.0), SOURCE (opsrc; the
+#   tests section needs opsrc).
 # Logs: $OUT/<section>.log; times and sizes: $OUT/summary.txt (also printed at the end).
 # Exit status: 0 when every section passed, 1 otherwise, 2 for an unknown section.
 set -uo pipefail
@@ -22,6 +23,7 @@ cd "$REPO"
 PY="${PYTHON:-python3}"
 OUT="${OUT:-$REPO/gpu-build-out}"
 ARCHS="${ARCHS:-8.0,8.6,8.9,9.0}"
+SOURCE="${SOURCE:-opsrc}"
 ARCH_LIST="${ARCHS//,/;}"
 STATE="$REPO/build/gpu-build-check"
 mkdir -p "$OUT" "$STATE"
@@ -39,6 +41,9 @@ now() { date +%s.%N; }
 secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
 wheel_in() { ls -1 "$1"/*.whl 2>/dev/null | head -n 1; }
 size_of() { stat -c %s "$1" 2>/dev/null || echo 0; }
+so_bytes() {  # total uncompressed size of the shared objects inside a wheel
+  "$PY" -c 'import sys, zipfile; print(sum(i.file_size for i in zipfile.ZipFile(sys.argv[1]).infolist() if ".so" in i.filename))' "$1" 2>/dev/null || echo 0
+}
 
 cd_build() {  # cd_build NAME OUTDIR [extra args]: one timed `cudadoctor build --backend local`
   local name="$1" dist="$2"
@@ -47,7 +52,7 @@ cd_build() {  # cd_build NAME OUTDIR [extra args]: one timed `cudadoctor build -
   rm -rf "$dist"
   local t0 t1 rc
   t0=$(now)
-  "$PY" -m cudadoctor build opsrc --backend local --arch "$ARCHS" --out "$dist" \
+  "$PY" -m cudadoctor build "$SOURCE" --backend local --arch "$ARCHS" --out "$dist" \
     --work-dir "$STATE/work-$name" "$@" >"$log" 2>&1
   rc=$?
   t1=$(now)
@@ -67,7 +72,7 @@ section_rebuild() {
   [ -d "$STATE/work-local" ] || { record "rebuild: needs the local section first"; return 1; }
   local log="$OUT/rebuild.log" t0 t1 rc w
   t0=$(now)
-  "$PY" -m cudadoctor build opsrc --backend local --arch "$ARCHS" --out "$STATE/dist-rebuild" \
+  "$PY" -m cudadoctor build "$SOURCE" --backend local --arch "$ARCHS" --out "$STATE/dist-rebuild" \
     --work-dir "$STATE/work-local" >"$log" 2>&1
   rc=$?
   t1=$(now)
@@ -80,14 +85,14 @@ section_rebuild() {
 section_baseline() {
   local log="$OUT/baseline.log" src="$STATE/baseline-src" dist="$STATE/dist-baseline" t0 t1 rc w
   rm -rf "$src" "$dist"
-  cp -r opsrc "$src" && rm -rf "$src/build" "$src"/*.egg-info
+  cp -r "$SOURCE" "$src" && rm -rf "$src/build" "$src"/*.egg-info
   t0=$(now)
   env -u MAX_JOBS -u NVCC_APPEND_FLAGS TORCH_CUDA_ARCH_LIST="$ARCH_LIST" \
     "$PY" -m pip wheel --no-build-isolation --no-deps -w "$dist" "$src" >"$log" 2>&1
   rc=$?
   t1=$(now)
   w=$(wheel_in "$dist")
-  record "baseline pip wheel (TORCH_CUDA_ARCH_LIST=$ARCH_LIST only): exit $rc, wall $(secs "$t0" "$t1") s, wheel $(size_of "${w:-/nonexistent}") bytes"
+  record "baseline pip wheel ./$SOURCE (TORCH_CUDA_ARCH_LIST=$ARCH_LIST only): exit $rc, wall $(secs "$t0" "$t1") s, wheel $(size_of "${w:-/nonexistent}") bytes"
   echo "$(secs "$t0" "$t1")" >"$STATE/baseline.seconds"
   return $rc
 }
@@ -126,7 +131,7 @@ ratios() {
   [ -n "$l" ] && [ -n "$r" ] && record "ratio rebuild/local: $(awk -v a="$r" -v b="$l" 'BEGIN { printf "%.2f", a / b }') (target <= 0.2)"
   local wl wn
   wl=$(wheel_in "$STATE/dist-local"); wn=$(wheel_in "$STATE/dist-nocompress")
-  [ -n "$wl" ] && [ -n "$wn" ] && record "wheel size compressed $(size_of "$wl") bytes, uncompressed $(size_of "$wn") bytes"
+  [ -n "$wl" ] && [ -n "$wn" ] && record "with -compress-all: wheel $(size_of "$wl") bytes, shared objects $(so_bytes "$wl") bytes; --no-compress: wheel $(size_of "$wn") bytes, shared objects $(so_bytes "$wn") bytes"
   return 0
 }
 
