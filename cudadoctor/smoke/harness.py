@@ -346,7 +346,6 @@ def run_smoke(req: SmokeRequest, *, runner: Runner | None = None, progress: Prog
         findings = extension_findings(facts)
         report["findings"] = findings
         abi = [f for f in findings if f["id"] == "EXT_ABI_MISMATCH"]
-        nki = [f for f in findings if f["id"] == "EXT_NO_KERNEL_IMAGE"]
         report["checks"].append(_manifest_check(manifest, probe, abi))
         report["manifest"] = manifest
         from cudadoctor.inspect import verdicts
