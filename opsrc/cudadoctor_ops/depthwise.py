@@ -114,6 +114,27 @@ def _output_hw(input: torch.Tensor, weight: torch.Tensor, stride, padding, dilat
     return weight.shape[0], (H + 2 * ph - eh) // sh + 1, (W + 2 * pw - ew) // sw + 1
 
 
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def _check_args(input, weight, bias, stride, padding, dilation) -> None:
+    op = "depthwise_conv2d"
+    if input.dtype not in _DTYPES:
+        raise RuntimeError(
+            f"{op}: input dtype must be float32, float16, bfloat16 or float64, got {input.dtype}"
+        )
+    Co, _, _ = _output_hw(input, weight, stride, padding, dilation, op)
+    if bias is not None:
+        if bias.device != input.device:
+            raise RuntimeError(f"{op}: bias is on {bias.device} but input is on {input.device}")
+        if bias.dtype != input.dtype:
+            raise RuntimeError(
+                f"{op}: bias dtype {bias.dtype} does not match input dtype {input.dtype}"
+            )
+        if bias.dim() != 1 or bias.shape[0] != Co:
+            raise RuntimeError(f"{op}: bias must have shape [{Co}], got {list(bias.shape)}")
+
+
 # ---- fake (meta) kernels -------------------------------------------------------------------
 
 
@@ -210,15 +231,13 @@ def depthwise_conv2d(
             f"depthwise_conv2d: input must be a CUDA tensor, got device {input.device}; "
             "use torch.nn.functional.conv2d(..., groups=C) on other devices"
         )
-    return _ops.depthwise_conv2d(
-        input,
-        weight,
-        bias,
-        _pair(stride, "stride"),
-        _pair(padding, "padding"),
-        _pair(dilation, "dilation"),
-        _impl_code(impl),
+    stride, padding, dilation = (
+        _pair(stride, "stride"), _pair(padding, "padding"), _pair(dilation, "dilation")
     )
+    # Arguments are checked here, before the op: the CUDA side repeats the checks, but an error
+    # raised from there is the second line of defence, not the interface.
+    _check_args(input, weight, bias, stride, padding, dilation)
+    return _ops.depthwise_conv2d(input, weight, bias, stride, padding, dilation, _impl_code(impl))
 
 
 class DepthwiseConv2d(nn.Conv2d):
