@@ -32,6 +32,7 @@ class BuildRequest:
     compress: bool = True
     work_root: str | None = None
     verbose: bool = False
+    force: bool = False
 
 
 @dataclass
@@ -42,6 +43,7 @@ class BuildResult:
     seconds: float
     size: int
     manifest: dict
+    up_to_date: bool = False
 
 
 def check_source(source: str) -> str:
@@ -125,6 +127,78 @@ def work_dir_for(plan: P.BuildPlan, work_root: str | None) -> Path:
     return root / f"{Path(plan.source).name}-{key}" / f"{plan.target.name}-{plan.backend}"
 
 
+STAMP = "cudadoctor-stamp.json"
+_ENV_KEYS = ("CUDA_HOME", "CUDA_PATH", "CPATH", "CC", "CXX", "CUDAHOSTCXX", "CFLAGS", "CXXFLAGS", "LDFLAGS",
+             "NVCC_PREPEND_FLAGS")
+
+
+def _file_id(path: str | None) -> list | None:
+    if not path:
+        return None
+    try:
+        real = os.path.realpath(path)
+        st = os.stat(real)
+        return [real, st.st_size, int(st.st_mtime)]
+    except OSError:
+        return None
+
+
+def fingerprint(plan: P.BuildPlan, src_hash: str) -> dict:
+    """Everything a wheel depends on: the plan, the source, and (local backend) the toolchain here."""
+    d = plan.to_dict()
+    d.pop("out", None)
+    fp = {"plan": d, "source_hash": src_hash}
+    if plan.backend == "local":
+        from importlib import metadata
+
+        try:
+            fp["torch"] = metadata.version("torch")
+        except metadata.PackageNotFoundError:
+            fp["torch"] = None
+        fp["env"] = {k: os.environ.get(k) for k in _ENV_KEYS}
+        nvcc = os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc") if os.environ.get("CUDA_HOME") else shutil.which("nvcc")
+        fp["nvcc"] = _file_id(nvcc)
+        fp["cxx"] = _file_id(shutil.which(os.environ.get("CXX") or "c++"))
+    return fp
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def up_to_date(plan: P.BuildPlan, req: BuildRequest) -> BuildResult | None:
+    """The wheel of the last build when nothing it depends on changed and it is still in --out."""
+    if req.force:
+        return None
+    stamp = work_dir_for(plan, req.work_root) / STAMP
+    try:
+        old = json.loads(stamp.read_text())
+    except (OSError, ValueError):
+        return None
+    wheel = Path(plan.out) / str(old.get("wheel", ""))
+    if not old.get("wheel") or not wheel.is_file() or _sha256(wheel) != old.get("wheel_sha256"):
+        return None
+    if old.get("fingerprint") != fingerprint(plan, P.source_hash(plan.source)):
+        return None
+    from cudadoctor.build.manifest import read_manifest
+
+    log = wheel.with_name(wheel.name[: -len(".whl")] + ".build.log")
+    return BuildResult(plan.target.name, wheel, log, 0.0, wheel.stat().st_size, read_manifest(wheel) or {},
+                       up_to_date=True)
+
+
+def write_stamp(plan: P.BuildPlan, req: BuildRequest, result: BuildResult) -> None:
+    work = work_dir_for(plan, req.work_root)
+    work.mkdir(parents=True, exist_ok=True)
+    fp = fingerprint(plan, str(result.manifest.get("source_hash", "")).removeprefix("sha256:"))
+    (work / STAMP).write_text(json.dumps({"wheel": result.wheel.name, "wheel_sha256": _sha256(result.wheel),
+                                          "fingerprint": fp}, indent=1, sort_keys=True))
+
+
 def run_plan(plan: P.BuildPlan, req: BuildRequest, console: Console, *, local_env: dict | None = None) -> BuildResult:
     from cudadoctor.build.docker_backend import BuildFailed
     from cudadoctor.build.verify import verify
@@ -137,6 +211,7 @@ def run_plan(plan: P.BuildPlan, req: BuildRequest, console: Console, *, local_en
     shutil.rmtree(staging, ignore_errors=True)
     work = work_dir_for(plan, req.work_root)
     t0 = time.monotonic()
+    src_hash = P.source_hash(plan.source)
     try:
         with BuildProgress(console, log, f"cudadoctor build {plan.target.name}", verbose=req.verbose) as prog:
             prog.write("[cudadoctor] plan " + json.dumps(plan.to_dict(), sort_keys=True))
@@ -165,19 +240,37 @@ def run_plan(plan: P.BuildPlan, req: BuildRequest, console: Console, *, local_en
                 exc.message += f" The build log is kept at {log}."
                 raise
             info = json.loads((staging / "build-info.json").read_text())
-            src_hash = P.source_hash(plan.source)
             manifest = make_manifest(plan, info, archs, src_hash)
             wheel = finish_wheel(raw, out, plan.label, manifest)
             prog.write(f"[cudadoctor] wheel {wheel}")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     final_log = move_log(log, wheel)
-    return BuildResult(plan.target.name, wheel, final_log, time.monotonic() - t0, wheel.stat().st_size, manifest)
+    result = BuildResult(plan.target.name, wheel, final_log, time.monotonic() - t0, wheel.stat().st_size, manifest)
+    write_stamp(plan, req, result)
+    return result
 
 
 def build(req: BuildRequest, console: Console) -> list[BuildResult]:
     facts = report = None
     env = None
+    if req.backend == "local" and not req.force:
+        # Nothing changed since the last build (source, plan, torch, toolkit files): no compiler runs,
+        # so the toolchain checks are skipped too.
+        from importlib import metadata
+
+        try:
+            light = {"torch": {"version": metadata.version("torch")}}
+        except metadata.PackageNotFoundError:
+            light = {}
+        try:
+            quick = [up_to_date(p, req) for p in make_plans(req, facts=light, report=None)]
+        except (InputError, RefusedError):
+            quick = [None]
+        if quick and all(quick):
+            for r in quick:
+                console.print(f"{r.target}: up to date ({r.wheel.name}); --force rebuilds", highlight=False)
+            return quick  # type: ignore[return-value]
     if req.backend == "local":
         from cudadoctor.build import local_backend as L
         from cudadoctor.doctor import diagnose
@@ -188,6 +281,11 @@ def build(req: BuildRequest, console: Console) -> list[BuildResult]:
     plans = make_plans(req, facts=facts, report=report)
     results = []
     for plan in plans:
+        done = up_to_date(plan, req)
+        if done is not None:
+            console.print(f"{plan.target.name}: up to date ({done.wheel.name}); --force rebuilds", highlight=False)
+            results.append(done)
+            continue
         if req.backend == "local":
             from cudadoctor.build import local_backend as L
 

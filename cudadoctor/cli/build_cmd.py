@@ -59,6 +59,7 @@ def build_command(
     plan_only: bool = typer.Option(False, "--plan", help="Print the build plan as JSON and exit (nothing runs)."),
     no_compress: bool = typer.Option(False, "--no-compress", help="Do not compress device code (-Xfatbin -compress-all)."),
     work_dir: Optional[str] = typer.Option(None, "--work-dir", help="Persistent build folders (default ~/.cache/cudadoctor/build)."),
+    force: bool = typer.Option(False, "--force", help="Build even when nothing changed since the last build."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Print every build line."),
 ) -> int:
     """Build fat wheels for several GPU architectures inside matched containers (or on this host)."""
@@ -91,7 +92,7 @@ def build_command(
 
     pip = _pip_settings(index_url, extra_index_url, find_links, ca_bundle, no_pip_config)
     req = X.BuildRequest(source=source, specs=specs, backend=backend, pip=pip, jobs=jobs, out=out,
-                         keep_container=keep_container, compress=not no_compress, work_root=work_dir, verbose=verbose)
+                         keep_container=keep_container, compress=not no_compress, work_root=work_dir, verbose=verbose, force=force)
     if plan_only:
         plans = X.make_plans(req)
         typer.echo(json.dumps([p.to_dict() for p in plans], indent=2))
@@ -100,7 +101,8 @@ def build_command(
     results = X.build(req, console)
     for r in results:
         sos = r.manifest.get("shared_objects") or {}
-        typer.echo(f"✓ {r.wheel}  ({r.size / 1048576:.1f} MiB, {r.seconds:.0f}s)")
+        when = "up to date" if r.up_to_date else f"{r.seconds:.0f}s"
+        typer.echo(f"✓ {r.wheel}  ({r.size / 1048576:.1f} MiB, {when})")
         for member, got in sorted(sos.items()):
             typer.echo(f"    {member}: SASS {' '.join(got.get('sass') or []) or '-'}; PTX {' '.join(got.get('ptx') or []) or '-'}")
         typer.echo(f"    log: {r.log}")

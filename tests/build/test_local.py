@@ -117,9 +117,11 @@ def test_local_build_of_fixture(tmp_path):
     if why:
         pytest.skip(why)
     out = tmp_path / "dist"
-    r = subprocess.run([sys.executable, "-m", "cudadoctor", "build", str(FIX / "ext_min"), "--backend", "local",
-                        "--arch", "8.6", "--out", str(out), "--work-dir", str(tmp_path / "work")],
-                       capture_output=True, text=True, timeout=1800)
+    src = tmp_path / "ext_min"
+    shutil.copytree(FIX / "ext_min", src)
+    argv = [sys.executable, "-m", "cudadoctor", "build", str(src), "--backend", "local", "--arch", "8.6",
+            "--out", str(out), "--work-dir", str(tmp_path / "work")]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
     if r.returncode == 1 and "the host toolchain cannot build this" in r.stderr:
         assert not list(out.glob("*.whl"))
         pytest.skip("this host has a blocking finding: " + r.stderr.strip().splitlines()[-1][:300])
@@ -132,3 +134,13 @@ def test_local_build_of_fixture(tmp_path):
     assert m["backend"] == "local" and m["toolkit"] == "host"
     assert all(v["sass"] == ["sm_86"] for v in m["shared_objects"].values())
     assert json.dumps(m)
+
+    # nothing changed: up to date, no toolchain check, no compiler
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "up to date" in again.stderr, again.stderr[-2000:]
+    assert "checking the host toolchain" not in again.stderr
+    # a changed source builds again
+    (src / "csrc" / "scale.cu").write_text((src / "csrc" / "scale.cu").read_text() + "\n// changed\n")
+    changed = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
+    assert changed.returncode == 0, changed.stderr[-3000:]
+    assert "up to date" not in changed.stderr and "1 file(s) changed" in changed.stderr
