@@ -209,3 +209,36 @@ def test_opsrc_fat_wheel_in_docker(base_image, client, tmp_path):
                          cwd=tmp_path)
     assert imp.returncode == 0 and str(site) in imp.stdout, imp.stderr
     assert labelled(client) == []
+
+
+def test_ci_image_runs_check(base_image, client, tmp_path):
+    """docker/ci/Dockerfile on the offline base: pip gets the host's CA bundle through docker/ci/ca-bundle.crt;
+    the image's entry point is `cudadoctor check --format github`."""
+    import shutil
+
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, ctx / name)
+    shutil.copytree(ROOT / "cudadoctor", ctx / "cudadoctor", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "docker" / "ci", ctx / "docker" / "ci")
+    ca = next((os.environ.get(k) for k in ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE") if os.environ.get(k)), None)
+    if ca and os.path.isfile(ca):
+        shutil.copy(ca, ctx / "docker" / "ci" / "ca-bundle.crt")
+    tag = "cudadoctor/ci-test:latest"
+    try:
+        client.images.build(path=str(ctx), dockerfile="docker/ci/Dockerfile", tag=tag, network_mode="host",
+                            buildargs={"BASE": base_image}, rm=True, forcerm=True, labels={LABEL: "test"})
+    except Exception as exc:  # noqa: BLE001 - show the build log
+        log = "".join(str(x.get("stream", x)) for x in getattr(exc, "build_log", []) or [])
+        pytest.fail(f"CI image build failed: {exc}\n{log[-3000:]}")
+    try:
+        out = client.containers.run(tag, remove=True, stdout=True, stderr=True, labels={LABEL: "test"})
+    except Exception as exc:  # noqa: BLE001 - exit 1 (an error finding: no GPU here) is expected
+        out = getattr(exc, "stderr", b"") or str(exc).encode()
+        assert getattr(exc, "exit_status", None) == 1, exc
+    text = out.decode("utf-8", "replace") if isinstance(out, bytes) else str(out)
+    assert "Traceback" not in text
+    assert "::" in text  # GitHub workflow annotations
+    assert labelled(client) == []
+    client.images.remove(tag, force=True)
