@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.console import Console
 
 from cudadoctor.build import plan as P
-from cudadoctor.build.manifest import finish_wheel, make_manifest, move_log
+from cudadoctor.build.manifest import finish_wheel, make_manifest, move_log, source_hash
 from cudadoctor.build.progress import BuildProgress, error_excerpt
 from cudadoctor.errors import InputError, RefusedError
 from cudadoctor.versions import torch_release
@@ -182,7 +182,7 @@ def up_to_date(plan: P.BuildPlan, req: BuildRequest) -> BuildResult | None:
     wheel = Path(plan.out) / str(old.get("wheel", ""))
     if not old.get("wheel") or not wheel.is_file() or _sha256(wheel) != old.get("wheel_sha256"):
         return None
-    if old.get("fingerprint") != fingerprint(plan, P.source_hash(plan.source)):
+    if old.get("fingerprint") != fingerprint(plan, source_hash(plan.source)):
         return None
     from cudadoctor.build.manifest import read_manifest
 
@@ -211,7 +211,7 @@ def run_plan(plan: P.BuildPlan, req: BuildRequest, console: Console, *, local_en
     shutil.rmtree(staging, ignore_errors=True)
     work = work_dir_for(plan, req.work_root)
     t0 = time.monotonic()
-    src_hash = P.source_hash(plan.source)
+    src_hash = source_hash(plan.source)
     try:
         with BuildProgress(console, log, f"cudadoctor build {plan.target.name}", verbose=req.verbose) as prog:
             prog.write("[cudadoctor] plan " + json.dumps(plan.to_dict(), sort_keys=True))

@@ -13,8 +13,9 @@ import shutil
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import Iterable
 
-from cudadoctor.build.plan import BuildPlan, relabel_version, source_hash
+from cudadoctor.build.plan import SKIP_DIRS, BuildPlan, relabel_version
 from cudadoctor.errors import CudadoctorError
 
 MANIFEST_NAME = "cudadoctor_build.json"
@@ -118,8 +119,26 @@ def read_manifest(wheel: str | Path) -> dict | None:
     return None
 
 
-def hash_source(path: str | Path) -> str:
-    return source_hash(path)
+def source_hash(root: str | Path, files: Iterable[str] | None = None) -> str:
+    """sha256 over the relative paths and contents of a source tree (build outputs and VCS folders skipped)."""
+    root = Path(root)
+    h = hashlib.sha256()
+    for rel in sorted(files if files is not None else iter_source_files(root)):
+        h.update(rel.encode() + b"\0")
+        h.update((root / rel).read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def iter_source_files(root: Path) -> list[str]:
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.endswith(".egg-info"))
+        for f in sorted(filenames):
+            if f.endswith((".pyc", ".so", ".o")):
+                continue
+            out.append(os.path.relpath(os.path.join(dirpath, f), root))
+    return out
 
 
 def move_log(log: Path, wheel: Path) -> Path:

@@ -19,8 +19,7 @@ import json
 import os
 import re
 import tomllib
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
 
 from cudadoctor import archs as _archs
@@ -684,26 +683,5 @@ def github_matrix(targets: list[Target]) -> dict:
     }
 
 
-def source_hash(root: str | Path, files: Iterable[str] | None = None) -> str:
-    """sha256 over the relative paths and contents of a source tree (build outputs and VCS folders skipped)."""
-    root = Path(root)
-    h = hashlib.sha256()
-    for rel in sorted(files if files is not None else iter_source_files(root)):
-        h.update(rel.encode() + b"\0")
-        h.update((root / rel).read_bytes())
-        h.update(b"\0")
-    return h.hexdigest()
-
-
-SKIP_DIRS = {".git", "build", "dist", "__pycache__", ".eggs", ".cudadoctor", ".tox", ".venv", ".pytest_cache"}
-
-
-def iter_source_files(root: Path) -> list[str]:
-    out = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.endswith(".egg-info"))
-        for f in sorted(filenames):
-            if f.endswith((".pyc", ".so", ".o")):
-                continue
-            out.append(os.path.relpath(os.path.join(dirpath, f), root))
-    return out
+# Folders a source tree's hash and the copy into the work folder leave out (build outputs, VCS).
+SKIP_DIRS = frozenset({".git", "build", "dist", "__pycache__", ".eggs", ".cudadoctor", ".tox", ".venv", ".pytest_cache"})

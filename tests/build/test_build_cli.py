@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 EXT = str(FIX / "ext_min")

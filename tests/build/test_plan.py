@@ -270,14 +270,3 @@ def test_read_matrix_and_github_matrix():
 def test_bad_matrix(text, match):
     with pytest.raises(InputError, match=match):
         P.read_matrix(text)
-
-
-def test_source_hash_changes_with_content(tmp_path):
-    (tmp_path / "a.cu").write_text("x")
-    (tmp_path / "build").mkdir()
-    (tmp_path / "build" / "junk.o").write_text("ignored")
-    h1 = P.source_hash(tmp_path)
-    (tmp_path / "build" / "more.txt").write_text("still ignored")
-    assert P.source_hash(tmp_path) == h1
-    (tmp_path / "a.cu").write_text("y")
-    assert P.source_hash(tmp_path) != h1

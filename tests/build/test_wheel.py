@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -13,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from cudadoctor.build import plan as P
-from cudadoctor.build.manifest import MANIFEST_NAME, finish_wheel, make_manifest, read_manifest, split_wheel_name
+from cudadoctor.build.manifest import (
+    MANIFEST_NAME, finish_wheel, make_manifest, read_manifest, source_hash, split_wheel_name,
+)
 from cudadoctor.build.verify import missing, verify
 from cudadoctor.errors import RefusedError
 
@@ -123,3 +124,14 @@ def test_finished_wheel_installs(fat_wheel, tmp_path):
     assert r.returncode == 0, r.stderr
     assert (target / "demo_ops" / "_C.so").is_file()
     assert (target / "demo_ops-0.1.0+cu130torch2.14.dist-info" / MANIFEST_NAME).is_file()
+
+
+def test_source_hash_changes_with_content(tmp_path):
+    (tmp_path / "a.cu").write_text("x")
+    (tmp_path / "build").mkdir()
+    (tmp_path / "build" / "junk.o").write_text("ignored")
+    h1 = source_hash(tmp_path)
+    (tmp_path / "build" / "more.txt").write_text("still ignored")
+    assert source_hash(tmp_path) == h1
+    (tmp_path / "a.cu").write_text("y")
+    assert source_hash(tmp_path) != h1
