@@ -664,6 +664,13 @@ def read_matrix(text: str, *, defaults: TargetSpec | None = None, where: str = "
     return out
 
 
+def _arch_token(item: _archs.ArchItem) -> str:
+    """One --arch token that means exactly this item (families such as Ampere are expanded)."""
+    if not item.sass:
+        return item.arch.compute
+    return item.cc + ("+PTX" if item.ptx else "")
+
+
 def github_matrix(targets: list[Target]) -> dict:
     """The `strategy.matrix` JSON for GitHub Actions: one include entry per target."""
     return {
@@ -673,7 +680,7 @@ def github_matrix(targets: list[Target]) -> dict:
                 "torch": t.torch,
                 "cuda": t.cuda,
                 "python": t.python or "",
-                "arch": ",".join(i.token or (i.cc + ("+PTX" if i.ptx else "")) for i in t.archs),
+                "arch": ",".join(_arch_token(i) for i in t.archs),
                 "toolkit": t.toolkit,
                 "base_image": t.base_image or "",
                 "label": t.local_label,

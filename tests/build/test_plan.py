@@ -258,6 +258,14 @@ def test_read_matrix_and_github_matrix():
     assert gh["include"][1]["cuda"] == "12.6"
 
 
+def test_github_matrix_arch_tokens_round_trip():
+    t = P.resolve_target(spec(arch="Ampere,compute_90,8.9+PTX"))
+    arch = P.github_matrix([t])["include"][0]["arch"]
+    assert P.resolve_target(spec(arch=arch)).archs == tuple(
+        type(i)(i.arch, i.sass, i.ptx, tok) for i, tok in zip(t.archs, arch.split(",")))
+    assert "compute_90" in arch.split(",") and "8.9+PTX" in arch.split(",")
+
+
 @pytest.mark.parametrize(
     "text, match",
     [
