@@ -208,6 +208,7 @@ def run(args) -> int:
         rec = {"case": str(c["name"]), "op": str(c["op"]), "status": "pass", "max_abs_err": None,
                "detail": None, "seconds": None}
         t0 = time.monotonic()
+        _emit({"begin": rec["case"]})  # lets sanitizer reports printed from here on be tied to this case
         try:
             torch.manual_seed(0)
             inputs = c["inputs"]()

@@ -115,7 +115,7 @@ def case_records(stdout: str) -> list[dict]:
                 rec = json.loads(line[len(RESULT_PREFIX):])
             except json.JSONDecodeError:
                 continue
-            if isinstance(rec, dict):
+            if isinstance(rec, dict) and "case" in rec:
                 out.append(rec)
     return out
 
@@ -129,6 +129,10 @@ def judge_run(op: str, tool: str, r: Result, expected_cases: list[str]) -> dict:
     verdict = S.parse_output(text, tool) if tool != PLAIN else None
     if verdict is not None:
         cell["errors"], cell["warnings"], cell["reports"] = verdict.errors, verdict.warnings, verdict.reports
+        by_case = S.reports_by_case(r.stdout or "", RESULT_PREFIX)
+        for c in cases:
+            if by_case.get(c.get("case")):
+                c["sanitizer_reports"] = by_case[c["case"]]
     seen = {c.get("case") for c in cases}
     missing = [c for c in expected_cases if c not in seen]
     bad_cases = [c for c in cases if c.get("status") != "pass"]

@@ -86,9 +86,14 @@ def human(report: dict, *, ascii_only: bool = False, verbose: bool = False) -> s
         out.append("")
         for r in problems:
             out.append(f"{marks[False]} {r['op']} / {r['tool']}: {r.get('detail') or r['status']}")
-            for head in (r.get("reports") or [])[: (20 if verbose else 3)]:
-                if head not in (r.get("detail") or ""):
-                    out.append(f"      {head}")
+            per_case = [(c["case"], h) for c in r.get("cases") or [] for h in c.get("sanitizer_reports") or []]
+            if per_case:
+                for case, head in per_case[: (20 if verbose else 3)]:
+                    out.append(f"      during {case}: {head}")
+            else:
+                for head in (r.get("reports") or [])[: (20 if verbose else 3)]:
+                    if head not in (r.get("detail") or ""):
+                        out.append(f"      {head}")
             if r.get("log"):
                 out.append(f"      log: {r['log']}")
     for s in report.get("skipped") or []:

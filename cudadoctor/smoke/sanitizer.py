@@ -80,6 +80,35 @@ def parse_output(text: str, tool: str) -> SanitizerVerdict:
     return v
 
 
+def reports_by_case(stdout: str, prefix: str) -> dict[str, list[str]]:
+    """Report heads grouped by the smoke case that was running when they were printed.
+
+    The child prints ``<prefix>{"begin": CASE}`` before each case and synchronizes after it, so a
+    report printed between two begin lines belongs to the first; reports before any case (torch's
+    start-up) go under "". Best effort: the sanitizer and the child share the output pipe.
+    """
+    import json
+
+    out: dict[str, list[str]] = {}
+    current = ""
+    for line in (stdout or "").splitlines():
+        if line.startswith(prefix):
+            try:
+                rec = json.loads(line[len(prefix):])
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and isinstance(rec.get("begin"), str):
+                current = rec["begin"]
+            continue
+        m = _REPORT_HEAD.match(line)
+        if m:
+            head = re.sub(r"0x[0-9a-fA-F]+", "0x…", re.sub(r"\s+", " ", m.group(1)).strip())
+            heads = out.setdefault(current, [])
+            if head not in heads:
+                heads.append(head)
+    return out
+
+
 def find_sanitizer(env: Mapping[str, str] | None = None) -> str | None:
     """compute-sanitizer from $PATH, $CUDA_HOME / $CUDA_PATH, or /usr/local/cuda."""
     env = os.environ if env is None else env

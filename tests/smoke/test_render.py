@@ -92,3 +92,10 @@ def test_json_round_trips_and_keeps_the_schema():
     back = json.loads(render.as_json(rep))
     assert back["schema"] == "cudadoctor.smoke/1" and back["exit_code"] == 0
     assert back["results"][0]["cases"][0]["case"] == "bn/c0"
+
+
+def test_human_names_the_case_a_sanitizer_report_came_from():
+    cell = _cell("oob", "memcheck", "fail", errors=1, detail="1 error: Invalid __global__ write of size 4 bytes")
+    cell["cases"][0]["sanitizer_reports"] = ["Invalid __global__ write of size 4 bytes"]
+    out = render.human(_report([_cell("oob", "run", "pass"), cell]))
+    assert "during oob/c0: Invalid __global__ write of size 4 bytes" in out

@@ -119,6 +119,7 @@ def test_cell_memcheck_error_fails_even_when_values_are_right():
     cell = judge_run("oob_write", "memcheck", _res("memcheck_oob_write.txt", 99), ["oob_write/basic"])
     assert cell["status"] == "fail" and cell["errors"] == 1
     assert cell["cases"][0]["status"] == "pass"
+    assert cell["cases"][0]["sanitizer_reports"] == ["Invalid __global__ write of size 4 bytes"]
     assert "1 error" in cell["detail"] and "Invalid __global__ write" in cell["detail"]
 
 
@@ -162,3 +163,26 @@ def test_cell_api_error_no_kernel_image_counts():
     cell = judge_run("batch_norm", "memcheck", _res("memcheck_no_kernel_image.txt", 99), ["batch_norm/train_fwd"])
     assert cell["status"] == "fail" and cell["errors"] == 1
     assert "cudaErrorNoKernelImageForDevice" in cell["detail"]
+
+
+def test_reports_are_tied_to_the_case_that_was_running():
+    from cudadoctor.smoke.harness import RESULT_PREFIX
+
+    text = "\n".join([
+        "========= COMPUTE-SANITIZER",
+        "========= Program hit cudaErrorInvalidValue (error 1) on CUDA API call to cudaFoo.",  # start-up
+        RESULT_PREFIX + '{"begin": "bn/fwd"}',
+        RESULT_PREFIX + '{"case": "bn/fwd", "op": "bn", "status": "pass"}',
+        RESULT_PREFIX + '{"begin": "bn/bwd"}',
+        "========= Invalid __global__ read of size 4 bytes",
+        "=========     at bwd_kernel+0x10",
+        "========= Invalid __global__ read of size 4 bytes",
+        RESULT_PREFIX + '{"case": "bn/bwd", "op": "bn", "status": "pass"}',
+        "========= ERROR SUMMARY: 3 errors",
+    ])
+    by_case = S.reports_by_case(text, RESULT_PREFIX)
+    assert by_case == {"": ["Program hit cudaErrorInvalidValue (error 1) on CUDA API call to cudaFoo."],
+                       "bn/bwd": ["Invalid __global__ read of size 4 bytes"]}
+    cell = judge_run("bn", "memcheck", Result(("cs",), 99, text, ""), ["bn/fwd", "bn/bwd"])
+    assert [c.get("sanitizer_reports") for c in cell["cases"]] == [None, ["Invalid __global__ read of size 4 bytes"]]
+    assert cell["errors"] == 3 and cell["status"] == "fail"
