@@ -469,7 +469,7 @@ def _run_all(runner: Runner, req: SmokeRequest, package: str, pythonpath: str | 
         op, tool = job
         cmd = _child_args("run", req, package, [op])
         if tool != PLAIN:
-            cmd = S.sanitizer_argv(sanitizer, tool, cmd)
+            cmd = S.sanitizer_argv(sanitizer, tool, cmd, launch_timeout=req.timeout)
         say(f"{op}: {'running the cases' if tool == PLAIN else tool}")
         t0 = time.monotonic()
         r = runner.run(cmd, timeout=req.timeout, env=env_plain if tool == PLAIN else env_tool)

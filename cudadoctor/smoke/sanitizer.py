@@ -124,12 +124,17 @@ def find_sanitizer(env: Mapping[str, str] | None = None) -> str | None:
     return None
 
 
-def sanitizer_argv(sanitizer: str, tool: str, command: Sequence[str]) -> list[str]:
-    """The command line that runs ``command`` under ``tool``, following child processes."""
+def sanitizer_argv(sanitizer: str, tool: str, command: Sequence[str], *, launch_timeout: float = 600) -> list[str]:
+    """The command line that runs ``command`` under ``tool``, following child processes.
+
+    ``--launch-timeout``: how long the sanitizer waits for the target to connect (its first CUDA
+    call). Its default, 10 s, is shorter than importing torch takes when several runs start at once.
+    """
     if tool not in TOOLS:
         raise ValueError(f"unknown compute-sanitizer tool {tool!r}")
     argv = [sanitizer, "--tool", tool, "--error-exitcode", str(ERROR_EXITCODE),
-            "--target-processes", "all", "--print-limit", str(PRINT_LIMIT)]
+            "--target-processes", "all", "--print-limit", str(PRINT_LIMIT),
+            "--launch-timeout", str(max(60, int(launch_timeout)))]
     if tool == "memcheck":
         argv += ["--leak-check", "no"]
     return argv + list(command)

@@ -71,6 +71,7 @@ def test_argv_follows_children_and_sets_the_error_exit_code():
     assert argv[argv.index("--error-exitcode") + 1] == str(S.ERROR_EXITCODE)
     assert argv[argv.index("--target-processes") + 1] == "all"
     assert argv[argv.index("--print-limit") + 1] == "20"
+    assert int(argv[argv.index("--launch-timeout") + 1]) >= 60
     assert argv[-3:] == ["python3", "child.py", "run"]
     with pytest.raises(ValueError):
         S.sanitizer_argv("/cs", "leakcheck", ["x"])
