@@ -68,10 +68,10 @@ def parse_output(text: str, tool: str) -> SanitizerVerdict:
         errs = _ERROR_SUMMARY.findall(text)
         v = SanitizerVerdict(tool, sum(int(n) for n in errs) if errs else None, summaries=len(errs))
     heads: list[str] = []
-    for m in _REPORT_HEAD.finditer(text):
-        head = re.sub(r"\s+", " ", m.group(1)).strip()
-        head = re.sub(r"0x[0-9a-fA-F]+", "0x…", head)
-        if head not in heads:
+    lines = text.splitlines()
+    for n, line in enumerate(lines):
+        head = _head(line, lines[n + 1] if n + 1 < len(lines) else "")
+        if head and head not in heads:
             heads.append(head)
     v.reports = heads[:PRINT_LIMIT]
     fail = _SANITIZER_FAILURE.search(text)
@@ -91,7 +91,8 @@ def reports_by_case(stdout: str, prefix: str) -> dict[str, list[str]]:
 
     out: dict[str, list[str]] = {}
     current = ""
-    for line in (stdout or "").splitlines():
+    lines = (stdout or "").splitlines()
+    for n, line in enumerate(lines):
         if line.startswith(prefix):
             try:
                 rec = json.loads(line[len(prefix):])
@@ -100,13 +101,29 @@ def reports_by_case(stdout: str, prefix: str) -> dict[str, list[str]]:
             if isinstance(rec, dict) and isinstance(rec.get("begin"), str):
                 current = rec["begin"]
             continue
-        m = _REPORT_HEAD.match(line)
-        if m:
-            head = re.sub(r"0x[0-9a-fA-F]+", "0x…", re.sub(r"\s+", " ", m.group(1)).strip())
+        head = _head(line, lines[n + 1] if n + 1 < len(lines) else "")
+        if head:
             heads = out.setdefault(current, [])
             if head not in heads:
                 heads.append(head)
     return out
+
+
+_AT = re.compile(r"^=+\s+at\s+(.+?)(?:\s+in\s+(\S+))?\s*$")
+
+
+def _head(line: str, following: str) -> str | None:
+    """A report's first line, with the kernel it names on the next line ("... at kernel in file:line");
+    addresses are blanked so that the same bug in many threads reads as one report."""
+    m = _REPORT_HEAD.match(line)
+    if not m:
+        return None
+    head = re.sub(r"\s+", " ", m.group(1)).strip()
+    at = _AT.match(following)
+    if at and " at " not in head:
+        where = re.sub(r"\+0x[0-9a-fA-F]+$", "", at.group(1).strip())
+        head += f" at {where}" + (f" ({at.group(2)})" if at.group(2) else "")
+    return re.sub(r"0x[0-9a-fA-F]+", "0x…", head)
 
 
 def find_sanitizer(env: Mapping[str, str] | None = None) -> str | None:

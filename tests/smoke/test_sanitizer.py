@@ -45,7 +45,8 @@ def test_parse_outputs(name, tool, errors, warnings, summaries, head, failed):
 def test_report_heads_skip_indented_detail_lines_and_dedupe():
     v = S.parse_output((OUT / "memcheck_two_processes.txt").read_text(), "memcheck")
     # two identical global-read reports collapse to one head; "Address ..." detail lines are not heads
-    assert v.reports == ["Invalid __global__ read of size 8 bytes", "Invalid __shared__ write of size 4 bytes"]
+    assert v.reports == ["Invalid __global__ read of size 8 bytes at kern(double *)",
+                         "Invalid __shared__ write of size 4 bytes at kern2(float *)"]
     v = S.parse_output((OUT / "memcheck_oob_write.txt").read_text(), "memcheck")
     assert not any(r.startswith("Address") for r in v.reports)
 
@@ -120,7 +121,9 @@ def test_cell_memcheck_error_fails_even_when_values_are_right():
     cell = judge_run("oob_write", "memcheck", _res("memcheck_oob_write.txt", 99), ["oob_write/basic"])
     assert cell["status"] == "fail" and cell["errors"] == 1
     assert cell["cases"][0]["status"] == "pass"
-    assert cell["cases"][0]["sanitizer_reports"] == ["Invalid __global__ write of size 4 bytes"]
+    assert cell["cases"][0]["sanitizer_reports"] == [
+        "Invalid __global__ write of size 4 bytes at planted_bugs::oob_write_kernel(const float *, float *, long) "
+        "(/src/csrc/kernels.cu:14)"]
     assert "1 error" in cell["detail"] and "Invalid __global__ write" in cell["detail"]
 
 
@@ -178,12 +181,13 @@ def test_reports_are_tied_to_the_case_that_was_running():
         "========= Invalid __global__ read of size 4 bytes",
         "=========     at bwd_kernel+0x10",
         "========= Invalid __global__ read of size 4 bytes",
+        "=========     at bwd_kernel+0x24",
         RESULT_PREFIX + '{"case": "bn/bwd", "op": "bn", "status": "pass"}',
         "========= ERROR SUMMARY: 3 errors",
     ])
     by_case = S.reports_by_case(text, RESULT_PREFIX)
     assert by_case == {"": ["Program hit cudaErrorInvalidValue (error 1) on CUDA API call to cudaFoo."],
-                       "bn/bwd": ["Invalid __global__ read of size 4 bytes"]}
+                       "bn/bwd": ["Invalid __global__ read of size 4 bytes at bwd_kernel"]}
     cell = judge_run("bn", "memcheck", Result(("cs",), 99, text, ""), ["bn/fwd", "bn/bwd"])
-    assert [c.get("sanitizer_reports") for c in cell["cases"]] == [None, ["Invalid __global__ read of size 4 bytes"]]
+    assert [c.get("sanitizer_reports") for c in cell["cases"]] == [None, ["Invalid __global__ read of size 4 bytes at bwd_kernel"]]
     assert cell["errors"] == 3 and cell["status"] == "fail"
