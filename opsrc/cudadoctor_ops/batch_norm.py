@@ -24,6 +24,11 @@ __all__ = ["batch_norm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d"]
 
 ACTIVATIONS = ("none", "relu")
 
+# op overloads looked up once (calls through them skip the packet's overload resolution)
+_BN = torch.ops.cudadoctor_ops.batch_norm.default
+_BN_BACKWARD = torch.ops.cudadoctor_ops.batch_norm_backward.default
+_BN_UPDATE_STATS = torch.ops.cudadoctor_ops.batch_norm_update_stats.default
+
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
@@ -95,7 +100,7 @@ def _backward(ctx, grad_out, _g_mean, _g_invstd, _g_reserve):
     ]
     if grad_out is None or not any(mask):
         return None, None, None, None, None, None, None, None
-    gi, gw, gb = torch.ops.cudadoctor_ops.batch_norm_backward(
+    gi, gw, gb = _BN_BACKWARD(
         grad_out, input, weight, bias, save_mean, save_invstd, reserve, ctx.training, ctx.activation, mask
     )
     return (
@@ -192,7 +197,7 @@ def batch_norm(
     _check_param(running_var, "running_var", input)
     if training:
         _verify_batch_size(input.shape)
-    out, save_mean, save_invstd, _reserve = torch.ops.cudadoctor_ops.batch_norm(
+    out, save_mean, save_invstd, _reserve = _BN(
         input,
         weight,
         bias,
@@ -204,7 +209,7 @@ def batch_norm(
     )
     if training and running_mean is not None and running_var is not None and input.numel() > 0:
         count = input.numel() // input.shape[1]
-        torch.ops.cudadoctor_ops.batch_norm_update_stats(
+        _BN_UPDATE_STATS(
             running_mean, running_var, save_mean, save_invstd, float(momentum), float(eps), count
         )
     return out
