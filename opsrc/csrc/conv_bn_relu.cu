@@ -995,6 +995,86 @@ conv_bn_relu_backward_cuda(const at::Tensor& grad_out, const at::Tensor& input,
   return {or_empty(gi), or_empty(gcw), or_empty(gcb), or_empty(gw), or_empty(gb)};
 }
 
+// One block: running statistics of every channel and num_batches_tracked (read by all threads
+// before thread 0 increments it).
+template <typename A>
+__global__ void cbr_update_stats(void* rmean, int mkind, void* rvar, int vkind,
+                                 int64_t* __restrict__ nbt, const A* __restrict__ save_mean,
+                                 const A* __restrict__ save_invstd, int64_t C, double momentum,
+                                 double eps, int64_t count) {
+  A m = static_cast<A>(momentum);
+  if (nbt != nullptr) {
+    const int64_t n = nbt[0] + 1;
+    if (momentum < 0) m = A(1) / static_cast<A>(n);
+    __syncthreads();
+    if (threadIdx.x == 0) nbt[0] = n;
+  }
+  if (rmean == nullptr || rvar == nullptr || count <= 0) return;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    const A inv = save_invstd[c];
+    A var = A(1) / (inv * inv) - static_cast<A>(eps);
+    if (var < A(0)) var = A(0);
+    const A unbiased = var * (static_cast<A>(count) / static_cast<A>(count - 1));
+    const A old_m = bn::load_param<A>(rmean, mkind, c, A(0));
+    const A old_v = bn::load_param<A>(rvar, vkind, c, A(0));
+    bn::store_param<A>(rmean, mkind, c, (A(1) - m) * old_m + m * save_mean[c]);
+    bn::store_param<A>(rvar, vkind, c, (A(1) - m) * old_v + m * unbiased);
+  }
+}
+
+void conv_bn_relu_update_stats_cuda(const std::optional<at::Tensor>& running_mean,
+                                    const std::optional<at::Tensor>& running_var,
+                                    const std::optional<at::Tensor>& num_batches_tracked,
+                                    const at::Tensor& save_mean, const at::Tensor& save_invstd,
+                                    double momentum, double eps, int64_t count) {
+  constexpr const char* op = "cudadoctor_ops.conv_bn_relu_update_stats";
+  const int64_t C = save_mean.numel();
+  const bool stats = running_mean.has_value() && running_mean->defined() &&
+                     running_var.has_value() && running_var->defined();
+  const bool has_nbt = num_batches_tracked.has_value() && num_batches_tracked->defined();
+  TORCH_CHECK(save_mean.is_cuda() && save_invstd.numel() == C &&
+                  save_mean.scalar_type() == save_invstd.scalar_type() &&
+                  (save_mean.scalar_type() == at::kFloat || save_mean.scalar_type() == at::kDouble),
+              op, ": save_mean / save_invstd must be the float32/float64 [C] CUDA tensors of "
+              "conv_bn_relu_train");
+  for (const auto* t : {&running_mean, &running_var}) {
+    if (!stats) break;
+    const at::Tensor& r = **t;
+    const char* name = t == &running_mean ? "running_mean" : "running_var";
+    TORCH_CHECK(r.device() == save_mean.device(), op, ": ", name, " is on ", r.device(),
+                " but the batch statistics are on ", save_mean.device());
+    TORCH_CHECK(r.dim() == 1 && r.numel() == C && r.is_contiguous(), op, ": ", name,
+                " must be a contiguous tensor of shape [", C, "], got ", r.sizes());
+    TORCH_CHECK(bn::param_kind(r) != bn::kAbsent, op, ": ", name,
+                " must be floating point, got ", r.scalar_type());
+  }
+  if (has_nbt) {
+    TORCH_CHECK(num_batches_tracked->device() == save_mean.device() &&
+                    num_batches_tracked->scalar_type() == at::kLong &&
+                    num_batches_tracked->numel() == 1,
+                op, ": num_batches_tracked must be a one-element int64 tensor on ",
+                save_mean.device());
+  }
+  if (!stats && !has_nbt) return;
+  c10::cuda::CUDAGuard guard(save_mean.device());
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(save_mean.get_device()).stream();
+  int64_t* nbt = has_nbt ? num_batches_tracked->data_ptr<int64_t>() : nullptr;
+  void* rm = stats ? running_mean->data_ptr() : nullptr;
+  void* rv = stats ? running_var->data_ptr() : nullptr;
+  const int mk = stats ? bn::param_kind(*running_mean) : bn::kAbsent;
+  const int vk = stats ? bn::param_kind(*running_var) : bn::kAbsent;
+  const at::Tensor sm = save_mean.contiguous(), si = save_invstd.contiguous();
+  if (sm.scalar_type() == at::kDouble) {
+    cbr_update_stats<double><<<1, 256, 0, stream>>>(rm, mk, rv, vk, nbt, sm.data_ptr<double>(),
+                                                    si.data_ptr<double>(), C, momentum, eps,
+                                                    count);
+  } else {
+    cbr_update_stats<float><<<1, 256, 0, stream>>>(rm, mk, rv, vk, nbt, sm.data_ptr<float>(),
+                                                   si.data_ptr<float>(), C, momentum, eps, count);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 std::atomic<bool> g_cudnn_relu_failed{false};
 
 // Inference: relu(conv(input, weight) + bias), one cuDNN launch where it can (impl 0), else the
@@ -1063,4 +1143,5 @@ TORCH_LIBRARY_IMPL(cudadoctor_ops, CUDA, m) {
   m.impl("conv_bn_relu_train", &cudadoctor_ops::cbr::conv_bn_relu_train_cuda);
   m.impl("conv_bn_relu_backward", &cudadoctor_ops::cbr::conv_bn_relu_backward_cuda);
   m.impl("conv_bias_relu", &cudadoctor_ops::cbr::conv_bias_relu_cuda);
+  m.impl("conv_bn_relu_update_stats", &cudadoctor_ops::cbr::conv_bn_relu_update_stats_cuda);
 }

@@ -71,6 +71,20 @@ TORCH_LIBRARY(cudadoctor_ops, m) {
       "Tensor? bn_weight, Tensor save_mean, Tensor save_invstd, Tensor mask, int[2] stride, "
       "int[2] padding, int[2] dilation, int groups, bool[5] output_mask) "
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // running = (1 - momentum) * running + momentum * batch (unbiased variance from save_invstd,
+  // count values per channel); num_batches_tracked += 1 when given, and momentum < 0 means the
+  // cumulative average 1 / num_batches_tracked (BatchNorm's momentum=None).
+  m.def(
+      "conv_bn_relu_update_stats(Tensor(a!)? running_mean, Tensor(b!)? running_var, "
+      "Tensor(c!)? num_batches_tracked, Tensor save_mean, Tensor save_invstd, float momentum, "
+      "float eps, int count) -> ()");
+  // One training forward of a Conv2d -> BatchNorm2d -> ReLU module (conv_bn_relu_train, then
+  // conv_bn_relu_update_stats); CompositeImplicitAutograd.
+  m.def(
+      "conv_bn_relu_forward(Tensor input, Tensor conv_weight, Tensor? conv_bias, "
+      "Tensor? bn_weight, Tensor? bn_bias, Tensor(a!)? running_mean, Tensor(b!)? running_var, "
+      "Tensor(c!)? num_batches_tracked, float momentum, float eps, int[2] stride, "
+      "int[2] padding, int[2] dilation, int groups) -> Tensor");
   // Inference after folding BN into (weight, bias): relu(conv(input, weight) + bias).
   // impl: 0 auto (cuDNN fused conv+bias+ReLU where available), 1 conv + epilogue kernel.
   m.def(

@@ -48,7 +48,7 @@ def _has_cuda_kernel(qualname: str) -> bool:
 
 
 _HAS_DEPTHWISE = _has_cuda_kernel("cudadoctor_ops::depthwise_conv2d")
-_HAS_UPDATE_STATS = _has_cuda_kernel("cudadoctor_ops::batch_norm_update_stats")
+_DEVICES = ("cuda", "cpu")  # device types with kernels; others run the torch ops
 
 # Inference implementations. "cudnn": one cuDNN fused conv+bias+ReLU call where cuDNN has an
 # engine for it (else the epilogue path); "epilogue": the convolution, then one bias+ReLU kernel;
@@ -145,113 +145,18 @@ def _conv_bias_relu_fake(input, weight, bias, stride, padding, dilation, groups,
     return _conv_out_fake(input, weight, b, stride, padding, dilation, groups)
 
 
+@torch.library.register_fake("cudadoctor_ops::conv_bn_relu_update_stats")
+def _update_stats_fake(running_mean, running_var, num_batches_tracked, save_mean, save_invstd, momentum, eps,
+                       count):
+    return None
+
+
 # ---------------------------------------------------------------- autograd
-
-
-def _train_setup_context(ctx, inputs, output):
-    input, conv_weight, conv_bias, bn_weight, bn_bias, _eps, stride, padding, dilation, groups = inputs
-    _out, conv_out, save_mean, save_invstd, mask = output
-    ctx.save_for_backward(input, conv_weight, conv_out, bn_weight, save_mean, save_invstd, mask)
-    ctx.conv = (stride, padding, dilation, groups)
-    ctx.has = (conv_bias is not None, bn_weight is not None, bn_bias is not None)
-    ctx.bias_dtype = None if bn_bias is None else bn_bias.dtype
-    ctx.mark_non_differentiable(conv_out, save_mean, save_invstd, mask)
-
-
-def _train_backward(ctx, grad_out, _g_conv_out, _g_mean, _g_invstd, _g_mask):
-    input, conv_weight, conv_out, bn_weight, save_mean, save_invstd, mask = ctx.saved_tensors
-    need = ctx.needs_input_grad
-    has_cb, has_bw, has_bb = ctx.has
-    output_mask = [
-        bool(need[0]),
-        bool(need[1]),
-        has_cb and bool(need[2]),
-        has_bw and bool(need[3]),
-        has_bb and bool(need[4]),
-    ]
-    nones = [None] * 10
-    if grad_out is None or not any(output_mask):
-        return tuple(nones)
-    stride, padding, dilation, groups = ctx.conv
-    gi, gw, gcb, gbw, gbb = _ops.conv_bn_relu_backward(
-        grad_out, input, conv_weight, conv_out, bn_weight, save_mean, save_invstd, mask,
-        stride, padding, dilation, groups, output_mask,
-    )
-    if output_mask[4] and ctx.bias_dtype is not None and gbb.dtype != ctx.bias_dtype:
-        gbb = gbb.to(ctx.bias_dtype)
-    grads = [gi, gw, gcb, gbw, gbb]
-    result = [g if m else None for g, m in zip(grads, output_mask)]
-    return tuple(result + [None] * 5)
-
-
-torch.library.register_autograd(
-    "cudadoctor_ops::conv_bn_relu_train", _train_backward, setup_context=_train_setup_context
-)
-
-
-class _TrainFn(torch.autograd.Function):
-    """The same forward / backward as the registered autograd formula, as a plain
-    autograd.Function: the modules use it in eager mode, where it costs less host time per call
-    (the registered formula is what torch.compile and the functional API go through)."""
-
-    @staticmethod
-    def forward(ctx, input, conv_weight, conv_bias, bn_weight, bn_bias, eps, stride, padding, dilation, groups):
-        output = _train_op(input, conv_weight, conv_bias, bn_weight, bn_bias, eps, stride, padding, dilation, groups)
-        _train_setup_context(
-            ctx, (input, conv_weight, conv_bias, bn_weight, bn_bias, eps, stride, padding, dilation, groups), output
-        )
-        return output
-
-    @staticmethod
-    def backward(ctx, grad_out, g_conv_out, g_mean, g_invstd, g_mask):
-        return _train_backward(ctx, grad_out, g_conv_out, g_mean, g_invstd, g_mask)
-
-
-_train_op = _ops.conv_bn_relu_train.default
-
-
-def _train(*args):
-    if torch.compiler.is_compiling() or not torch.is_grad_enabled():
-        return _train_op(*args)
-    return _TrainFn.apply(*args)
-
-
-def _cbr_eval_setup_context(ctx, inputs, output):
-    input, weight, bias, stride, padding, dilation, groups, _impl = inputs
-    ctx.save_for_backward(input, weight, output)
-    ctx.conv = (stride, padding, dilation, groups)
-    ctx.bias = None if bias is None else (bias.shape, bias.dtype)
-
-
-def _cbr_eval_backward(ctx, grad_out):
-    input, weight, out = ctx.saved_tensors
-    stride, padding, dilation, groups = ctx.conv
-    need = ctx.needs_input_grad
-    mask = [bool(need[0]), bool(need[1]), ctx.bias is not None and bool(need[2])]
-    if grad_out is None or not any(mask):
-        return None, None, None, None, None, None, None, None
-    g = grad_out * (out > 0)
-    bias_sizes = [weight.shape[0]] if ctx.bias is not None else None
-    gi, gw, gb = torch.ops.aten.convolution_backward(
-        g, input, weight, bias_sizes, stride, padding, dilation, False, [0, 0], groups, mask
-    )
-    if mask[2] and gb.dtype != ctx.bias[1]:
-        gb = gb.to(ctx.bias[1])
-    return (
-        gi if mask[0] else None,
-        gw if mask[1] else None,
-        gb if mask[2] else None,
-        None,
-        None,
-        None,
-        None,
-        None,
-    )
-
-
-torch.library.register_autograd(
-    "cudadoctor_ops::conv_bias_relu", _cbr_eval_backward, setup_context=_cbr_eval_setup_context
-)
+#
+# The autograd formulas of conv_bn_relu_train and conv_bias_relu are C++ autograd Functions
+# registered for the Autograd key (csrc/conv_bn_relu_host.cpp): a training step runs no Python in
+# the op's forward or backward. conv_bn_relu_forward (train op + running statistics) is a
+# CompositeImplicitAutograd op, so torch.compile traces through it.
 
 
 # ---------------------------------------------------------------- functional API
@@ -281,17 +186,6 @@ def _reference(input, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, 
     y = F.conv2d(input, conv_weight, conv_bias, stride, padding, dilation, groups)
     y = F.batch_norm(y, running_mean, running_var, bn_weight, bn_bias, training, momentum, eps)
     return F.relu(y)
-
-
-def _update_running(running_mean, running_var, save_mean, save_invstd, momentum, eps, count) -> None:
-    if _HAS_UPDATE_STATS:
-        _ops.batch_norm_update_stats(running_mean, running_var, save_mean, save_invstd, float(momentum), float(eps),
-                                     count)
-        return
-    with torch.no_grad():
-        var = (save_invstd.double().pow(-2) - eps).clamp_min(0) * (count / (count - 1))
-        running_mean.mul_(1 - momentum).add_(save_mean.to(running_mean.dtype), alpha=momentum)
-        running_var.mul_(1 - momentum).add_(var.to(running_var.dtype), alpha=momentum)
 
 
 def fold_bn(conv_weight: Tensor, conv_bias: Optional[Tensor], bn_weight: Optional[Tensor],
@@ -346,19 +240,16 @@ def conv_bn_relu(
     """
     _check_args(input, conv_weight, bn_weight, running_mean, running_var, training, momentum, eps, groups)
     stride_, padding_, dilation_ = _pair(stride, "stride"), _pair(padding, "padding"), _pair(dilation, "dilation")
-    if input.device.type != "cuda":
+    if input.device.type not in _DEVICES:
         return _reference(input, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, training,
                           momentum, eps, stride_, padding_, dilation_, groups)
     if eval_impl not in EVAL_IMPLS:
         raise ValueError(f"conv_bn_relu: eval_impl must be one of {sorted(EVAL_IMPLS)}, got {eval_impl!r}")
     if training:
-        out, conv_out, save_mean, save_invstd, _mask = _ops.conv_bn_relu_train(
-            input, conv_weight, conv_bias, bn_weight, bn_bias, float(eps), stride_, padding_, dilation_, groups
+        return _ops.conv_bn_relu_forward(
+            input, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, None, float(momentum),
+            float(eps), stride_, padding_, dilation_, groups,
         )
-        if running_mean is not None and running_var is not None and conv_out.numel() > 0:
-            count = conv_out.numel() // conv_out.shape[1]
-            _update_running(running_mean, running_var, save_mean, save_invstd, momentum, eps, count)
-        return out
     w, b = fold_bn(conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, float(eps))
     if input.is_contiguous(memory_format=torch.channels_last) and not input.is_contiguous():
         w = w.contiguous(memory_format=torch.channels_last)
@@ -366,16 +257,6 @@ def conv_bn_relu(
 
 
 # ---------------------------------------------------------------- modules
-
-
-def _autocast_dtype(device_type: str = "cuda") -> Optional[torch.dtype]:
-    if torch.is_autocast_enabled(device_type):
-        return torch.get_autocast_dtype(device_type)
-    return None
-
-
-def _tensor_key(t: Optional[Tensor]):
-    return None if t is None else (t.data_ptr(), t._version, t.dtype, t.device)
 
 
 class _FoldCache:
@@ -386,29 +267,24 @@ class _FoldCache:
         self.weight: Optional[Tensor] = None
         self.bias: Optional[Tensor] = None
         self.weight_cl: Optional[Tensor] = None  # channels_last copy for the tuned NCHW variants
+        self.choice = None  # (input shape, tuned variant name)
 
 
 # (input shape, dtype, channels_last, weight shape, conv args, device) -> name of the fastest variant
 _TUNED: dict = {}
+_VARIANTS = ("cudnn", "epilogue", "cudnn, channels_last inside", "epilogue, channels_last inside")
 
 
-def _eval_variants(input: Tensor, w: Tensor, b: Tensor, conv_args: tuple, cache: _FoldCache, channels_last: bool):
-    variants = {
-        "cudnn": lambda: _ops.conv_bias_relu(input, w, b, *conv_args, 0),
-        "epilogue": lambda: _ops.conv_bias_relu(input, w, b, *conv_args, 1),
-    }
-    if not channels_last and input.dtype != torch.float64 and input.shape[1] > 1:
-        if cache.weight_cl is None:
-            cache.weight_cl = w.contiguous(memory_format=torch.channels_last)
-        wcl = cache.weight_cl
-        cl = torch.channels_last
-        variants["cudnn, channels_last inside"] = lambda: _ops.conv_bias_relu(
-            input.contiguous(memory_format=cl), wcl, b, *conv_args, 0
-        ).contiguous()
-        variants["epilogue, channels_last inside"] = lambda: _ops.conv_bias_relu(
-            input.contiguous(memory_format=cl), wcl, b, *conv_args, 1
-        ).contiguous()
-    return variants
+def _run_variant(name: str, input: Tensor, cache: "_FoldCache", conv_args: tuple) -> Tensor:
+    if name == "cudnn":
+        return _eval_op(input, cache.weight, cache.bias, *conv_args, 0)
+    if name == "epilogue":
+        return _eval_op(input, cache.weight, cache.bias, *conv_args, 1)
+    if cache.weight_cl is None:
+        cache.weight_cl = cache.weight.contiguous(memory_format=torch.channels_last)
+    impl = 0 if name.startswith("cudnn") else 1
+    x = input.contiguous(memory_format=torch.channels_last)
+    return _eval_op(x, cache.weight_cl, cache.bias, *conv_args, impl).contiguous()
 
 
 def _time_ms(fn, reps: int = 5) -> float:
@@ -423,18 +299,22 @@ def _time_ms(fn, reps: int = 5) -> float:
     return start.elapsed_time(end) / reps
 
 
-def _eval_tuned(input: Tensor, w: Tensor, b: Tensor, conv_args: tuple, cache: _FoldCache,
-                channels_last: bool) -> Tensor:
-    key = (tuple(input.shape), input.dtype, channels_last, tuple(w.shape), conv_args, input.device)
-    variants = _eval_variants(input, w, b, conv_args, cache, channels_last)
+def _tuned_variant(input: Tensor, cache: "_FoldCache", conv_args: tuple, channels_last: bool) -> str:
+    """The fastest inference variant for this shape, timed once per process and shape."""
+    key = (tuple(input.shape), input.dtype, channels_last, tuple(cache.weight.shape), tuple(map(str, conv_args)),
+           input.device)
     name = _TUNED.get(key)
-    if name is None:
-        if torch.cuda.is_current_stream_capturing():
-            return variants["cudnn"]()
-        times = {n: _time_ms(fn) for n, fn in variants.items()}
-        name = min(times, key=times.get)
-        _TUNED[key] = name
-    return variants[name]()
+    if name is not None:
+        return name
+    candidates = list(_VARIANTS[:2])
+    if not channels_last and input.dtype != torch.float64 and input.shape[1] > 1:
+        candidates += list(_VARIANTS[2:])
+    if torch.cuda.is_current_stream_capturing():
+        return "cudnn"
+    times = {n: _time_ms(lambda n=n: _run_variant(n, input, cache, conv_args)) for n in candidates}
+    name = min(times, key=times.get)
+    _TUNED[key] = name
+    return name
 
 
 def tuned_eval_choices() -> dict:
@@ -443,68 +323,82 @@ def tuned_eval_choices() -> dict:
 
 
 def _cbr_forward(conv: nn.Conv2d, bn: nn.BatchNorm2d, cache: _FoldCache, input: Tensor, eval_impl: str) -> Tensor:
-    """Forward of conv -> bn -> relu with the modules' semantics (train/eval, momentum=None)."""
-    use_batch_stats = bn.training or (bn.running_mean is None and bn.running_var is None)
-    momentum = 0.0 if bn.momentum is None else bn.momentum
-    if bn.training and bn.track_running_stats and bn.num_batches_tracked is not None:
-        bn.num_batches_tracked.add_(1)
-        momentum = 1.0 / float(bn.num_batches_tracked) if bn.momentum is None else bn.momentum
-    # running stats are updated only when tracking them in training mode
-    track = not bn.training or bn.track_running_stats
-    rm = bn.running_mean if track else None
-    rv = bn.running_var if track else None
+    """Forward of conv -> bn -> relu with the modules' semantics (train/eval, momentum=None).
+
+    Kept lean: it runs once per layer and step, and its host time adds up when the GPU work of
+    a layer is a few tens of microseconds.
+    """
+    cp, bp, bb = conv._parameters, bn._parameters, bn._buffers
+    weight, bias = cp["weight"], cp.get("bias")
+    gamma, beta = bp.get("weight"), bp.get("bias")
+    rm, rv = bb.get("running_mean"), bb.get("running_var")
+    training = bn.training
+    use_batch_stats = training or (rm is None and rv is None)
     padding = conv.padding
     if isinstance(padding, str):
-        padding = conv._cbr_padding if hasattr(conv, "_cbr_padding") else _explicit_padding(conv)
-    weight, bias = conv.weight, conv.bias
+        padding = conv.__dict__.get("_cbr_padding") or _explicit_padding(conv)
     if conv.padding_mode != "zeros":
         input = F.pad(input, conv._reversed_padding_repeated_twice, mode=conv.padding_mode)
         padding = (0, 0)
-    if input.device.type != "cuda":
-        return _reference(input, weight, bias, bn.weight, bn.bias, rm, rv, use_batch_stats, momentum, bn.eps,
-                          conv.stride, padding, conv.dilation, conv.groups)
-    ac = _autocast_dtype()
-    if ac is not None:
+    if input.device.type not in _DEVICES:
+        momentum = bn.momentum
+        if training and bn.track_running_stats and bb.get("num_batches_tracked") is not None:
+            bb["num_batches_tracked"].add_(1)
+            momentum = 1.0 / float(bb["num_batches_tracked"]) if momentum is None else momentum
+        track = not training or bn.track_running_stats
+        return _reference(input, weight, bias, gamma, beta, rm if track else None, rv if track else None,
+                          use_batch_stats, momentum or 0.0, bn.eps, conv.stride, padding, conv.dilation, conv.groups)
+    if torch.is_autocast_enabled(input.device.type):
+        ac = torch.get_autocast_dtype(input.device.type)
         input = input.to(ac)
-    if use_batch_stats:
-        if not torch.compiler.is_compiling():
-            cache.key = None  # running statistics are about to change
-        if ac is not None:
+        if use_batch_stats:
             weight = weight.to(ac)
             bias = None if bias is None else bias.to(ac)
-        out, conv_out, save_mean, save_invstd, _mask = _train(
-            input, weight, bias, bn.weight, bn.bias, float(bn.eps), conv.stride, padding, conv.dilation, conv.groups
-        )
-        if rm is not None and rv is not None and conv_out.numel() > 0:
-            count = conv_out.numel() // conv_out.shape[1]
-            _update_running(rm, rv, save_mean, save_invstd, momentum, bn.eps, count)
-        return out
+    if use_batch_stats:
+        if training and bn.track_running_stats:
+            nbt = bb.get("num_batches_tracked")
+            momentum = -1.0 if bn.momentum is None else float(bn.momentum)
+        else:  # eval without running statistics, or training without tracking them
+            nbt, rm, rv, momentum = None, None, None, 0.0
+        if not torch.compiler.is_compiling():
+            cache.key = None  # running statistics are about to change (kernels do not bump versions)
+        return _forward_op(input, weight, bias, gamma, beta, rm, rv, nbt, momentum, bn.eps, conv.stride, padding,
+                           conv.dilation, conv.groups)
     # eval: folded weights, cached unless gradients must flow into the parameters
-    dtype = input.dtype
     channels_last = input.is_contiguous(memory_format=torch.channels_last) and not input.is_contiguous()
-    differentiable = torch.is_grad_enabled() and any(
-        p is not None and p.requires_grad for p in (conv.weight, conv.bias, bn.weight, bn.bias)
+    conv_args = (conv.stride, padding, conv.dilation, conv.groups)
+    differentiable = torch.is_grad_enabled() and (
+        weight.requires_grad or (gamma is not None and gamma.requires_grad)
+        or (beta is not None and beta.requires_grad) or (bias is not None and bias.requires_grad)
     )
     if differentiable or torch.compiler.is_compiling():
-        w, b = fold_bn(weight, bias, bn.weight, bn.bias, rm, rv, bn.eps, dtype)
+        w, b = fold_bn(weight, bias, gamma, beta, rm, rv, bn.eps, input.dtype)
         if channels_last:
             w = w.contiguous(memory_format=torch.channels_last)
-    else:
-        key = (
-            _tensor_key(conv.weight), _tensor_key(conv.bias), _tensor_key(bn.weight), _tensor_key(bn.bias),
-            _tensor_key(rm), _tensor_key(rv), bn.eps, dtype, channels_last,
-        )
-        if cache.key != key:
-            with torch.no_grad():
-                w, b = fold_bn(conv.weight, conv.bias, bn.weight, bn.bias, rm, rv, bn.eps, dtype)
-                if channels_last:
-                    w = w.contiguous(memory_format=torch.channels_last)
-            cache.key, cache.weight, cache.bias, cache.weight_cl = key, w, b, None
-        w, b = cache.weight, cache.bias
-    conv_args = (tuple(conv.stride), tuple(padding), tuple(conv.dilation), conv.groups)
-    if eval_impl == "auto" and not differentiable and not torch.compiler.is_compiling():
-        return _eval_tuned(input, w, b, conv_args, cache, channels_last)
-    return _ops.conv_bias_relu(input, w, b, *conv_args, EVAL_IMPLS[eval_impl])
+        return _eval_op(input, w, b, *conv_args, EVAL_IMPLS[eval_impl])
+    key = (
+        weight._version, weight.data_ptr(), rm._version, rv._version, rv.data_ptr(),
+        None if gamma is None else gamma._version, None if beta is None else beta._version,
+        None if bias is None else bias._version, id(weight), id(rm), id(rv), id(gamma), id(beta), id(bias),
+        bn.eps, input.dtype, channels_last,
+    )
+    if cache.key != key:
+        with torch.no_grad():
+            w, b = fold_bn(weight, bias, gamma, beta, rm, rv, bn.eps, input.dtype)
+            if channels_last:
+                w = w.contiguous(memory_format=torch.channels_last)
+        cache.key, cache.weight, cache.bias, cache.weight_cl, cache.choice = key, w, b, None, None
+    if eval_impl != "auto" or input.device.type != "cuda":
+        return _eval_op(input, cache.weight, cache.bias, *conv_args, EVAL_IMPLS[eval_impl])
+    choice = cache.choice
+    if choice is None or choice[0] != input.shape:
+        name = _tuned_variant(input, cache, conv_args, channels_last)
+        choice = cache.choice = (input.shape, name)
+    return _run_variant(choice[1], input, cache, conv_args)
+
+
+_forward_op = _ops.conv_bn_relu_forward.default
+_eval_op = _ops.conv_bias_relu.default
 
 
 def _explicit_padding(conv: nn.Conv2d) -> tuple[int, int]:

@@ -62,6 +62,14 @@ from cudadoctor_ops.conv_bn_relu import (  # noqa: E402
 HAS_CUDA = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs an NVIDIA GPU and a CUDA build of torch (none visible)")
 ops = torch.ops.cudadoctor_ops
+# every op has CUDA kernels and ATen-based CPU kernels: the CPU runs check the autograd Functions,
+# the composite op, the fakes and the rewriter anywhere; the CUDA runs check the CUDA kernels
+DEVICES = [pytest.param("cuda", marks=[gpu, pytest.mark.gpu]), "cpu"]
+
+
+def _skip_cpu_dtype(device, dtype):
+    if device == "cpu" and dtype != torch.float32:
+        pytest.skip("CPU runs cover float32 (half-precision CPU convolutions are slow or missing)")
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 LAYOUTS = ["nchw", "channels_last"]
@@ -138,13 +146,13 @@ def _eager(x, conv, bn):
 # ---------------------------------------------------------------- GPU: equivalence
 
 
-@gpu
-@pytest.mark.gpu
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_training_matches_torch(case, dtype, layout):
-    x, conv, bn = _make(case, dtype, layout)
+def test_training_matches_torch(case, dtype, layout, device):
+    _skip_cpu_dtype(device, dtype)
+    x, conv, bn = _make(case, dtype, layout, device)
     conv_r, bn_r = copy.deepcopy(conv), copy.deepcopy(bn)
     xr = x.detach().clone().requires_grad_(True)
     xo = x.detach().clone().requires_grad_(True)
@@ -175,14 +183,14 @@ def test_training_matches_torch(case, dtype, layout):
         assert conv_r.bias.grad.abs().max().item() <= 1e-2 * scale
 
 
-@gpu
-@pytest.mark.gpu
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("impl", ["auto", "cudnn", "epilogue"])
-def test_eval_matches_torch(case, dtype, layout, impl):
-    x, conv, bn = _make(case, dtype, layout)
+def test_eval_matches_torch(case, dtype, layout, impl, device):
+    _skip_cpu_dtype(device, dtype)
+    x, conv, bn = _make(case, dtype, layout, device)
     conv.eval()
     bn.eval()
     with torch.no_grad():
@@ -204,12 +212,11 @@ def test_eval_matches_torch(case, dtype, layout, impl):
     assert not torch.equal(out2, out)
 
 
-@gpu
-@pytest.mark.gpu
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_eval_gradients(layout):
+def test_eval_gradients(layout, device):
     case = CASES[0]
-    x, conv, bn = _make(case, torch.float32, layout)
+    x, conv, bn = _make(case, torch.float32, layout, device)
     conv.eval()
     bn.eval()
     conv_r, bn_r = copy.deepcopy(conv), copy.deepcopy(bn)
@@ -224,15 +231,15 @@ def test_eval_gradients(layout):
         assert _rel_err(a, b) <= 1e-3
 
 
-@gpu
-@pytest.mark.gpu
-def test_mask_is_one_bit_per_positive_output():
-    x, conv, bn = _make(CASES[0], torch.float16, "channels_last")
+@pytest.mark.parametrize("device", DEVICES)
+def test_mask_is_one_bit_per_positive_output(device):
+    dtype = torch.float16 if device == "cuda" else torch.float32
+    x, conv, bn = _make(CASES[0], dtype, "channels_last", device)
     out, conv_out, save_mean, save_invstd, mask = ops.conv_bn_relu_train(
         x, conv.weight, None, bn.weight, bn.bias, 1e-5, [1, 1], [1, 1], [1, 1], 1
     )
     assert mask.dtype == torch.uint8 and mask.numel() == (out.numel() + 7) // 8
-    bits = torch.bitwise_and(mask.to(torch.int32).unsqueeze(1) >> torch.arange(8, device="cuda"), 1)
+    bits = torch.bitwise_and(mask.to(torch.int32).unsqueeze(1) >> torch.arange(8, device=device), 1)
     flat = out.permute(0, 2, 3, 1).reshape(-1)  # memory order of channels_last
     assert torch.equal(bits.reshape(-1)[: out.numel()].bool(), flat > 0)
     assert save_mean.dtype == save_invstd.dtype == torch.float32
@@ -264,11 +271,10 @@ def test_saved_memory_below_eager():
     assert ours <= 0.75 * eager, (ours, eager)
 
 
-@gpu
-@pytest.mark.gpu
-def test_gradcheck_double_train_and_eval():
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradcheck_double_train_and_eval(device):
     case = (2, 4, 6, 5, 6, 3, 1, 1, 1, 1, True)
-    x, conv, bn = _make(case, torch.float64, "nchw")
+    x, conv, bn = _make(case, torch.float64, "nchw", device)
     args = [t.detach().clone().requires_grad_(True) for t in (x, conv.weight, conv.bias, bn.weight, bn.bias)]
 
     def train(x, w, b, g, beta):
@@ -282,7 +288,7 @@ def test_gradcheck_double_train_and_eval():
 
     assert torch.autograd.gradcheck(evaluate, args, eps=1e-6, atol=1e-5, rtol=1e-4)
     # depthwise in double goes through ATen
-    xd, convd, bnd = _make((2, 4, 6, 6, 4, 3, 1, 1, 1, 4, False), torch.float64, "channels_last")
+    xd, convd, bnd = _make((2, 4, 6, 6, 4, 3, 1, 1, 1, 4, False), torch.float64, "channels_last", device)
     argsd = [t.detach().clone().requires_grad_(True) for t in (xd, convd.weight, bnd.weight, bnd.bias)]
 
     def train_dw(x, w, g, beta):
@@ -291,11 +297,10 @@ def test_gradcheck_double_train_and_eval():
     assert torch.autograd.gradcheck(train_dw, argsd, eps=1e-6, atol=1e-5, rtol=1e-4)
 
 
-@gpu
-@pytest.mark.gpu
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_opcheck(layout):
-    x, conv, bn = _make(CASES[1], torch.float32, layout)
+def test_opcheck(layout, device):
+    x, conv, bn = _make(CASES[1], torch.float32, layout, device)
     w = conv.weight.detach().requires_grad_(True)
     b = conv.bias.detach().requires_grad_(True)
     g, beta = bn.weight.detach().requires_grad_(True), bn.bias.detach().requires_grad_(True)
@@ -312,13 +317,13 @@ def test_opcheck(layout):
     )
 
 
-@gpu
-@pytest.mark.gpu
-def test_torch_compile_fullgraph():
-    x, conv, bn = _make(CASES[0], torch.float32, "channels_last")
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_fullgraph(device):
+    x, conv, bn = _make(CASES[0], torch.float32, "channels_last", device)
     fused = ConvBNReLU2d.from_modules(conv, bn)
     ref_conv, ref_bn = copy.deepcopy(conv), copy.deepcopy(bn)
-    compiled = torch.compile(fused, fullgraph=True)
+    # inductor on the GPU; on the CPU the graph capture and decomposition are what is checked
+    compiled = torch.compile(fused, fullgraph=True, backend="inductor" if device == "cuda" else "aot_eager")
     out = compiled(x)
     ref = _eager(x, ref_conv, ref_bn)
     assert _rel_err(out, ref) <= TOL[torch.float32]
@@ -330,10 +335,9 @@ def test_torch_compile_fullgraph():
         assert _rel_err(compiled(x), _eager(x, ref_conv, ref_bn)) <= 2 * TOL[torch.float32]
 
 
-@gpu
-@pytest.mark.gpu
-def test_bad_arguments_give_clear_errors():
-    x, conv, bn = _make(CASES[0], torch.float32, "nchw")
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_arguments_give_clear_errors(device):
+    x, conv, bn = _make(CASES[0], torch.float32, "nchw", device)
     with pytest.raises(RuntimeError, match="bn_weight must have shape"):
         conv_bn_relu(x, conv.weight, None, bn.weight[:3], bn.bias, None, None, True, 0.1, 1e-5, 1, 1, 1, 1)
     with pytest.raises(RuntimeError, match="conv_weight has dtype"):
@@ -348,24 +352,23 @@ def test_bad_arguments_give_clear_errors():
         conv_bn_relu(x[:1, :, :3, :3], conv.weight, None, bn.weight, bn.bias, None, None, True, 0.1, 1e-5, 1, 0, 1, 1)
 
 
-@gpu
-@pytest.mark.gpu
-def test_fused_sequential_training_steps_match_eager():
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_sequential_training_steps_match_eager(device):
     torch.manual_seed(0)
     model = nn.Sequential(
         nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(inplace=True),
         nn.Conv2d(16, 16, 3, padding=1, groups=16, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
         nn.Conv2d(16, 8, 1), nn.BatchNorm2d(8, momentum=None), nn.ReLU(),
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4),
-    ).cuda().to(memory_format=torch.channels_last)
+    ).to(device).to(memory_format=torch.channels_last)
     ref = copy.deepcopy(model)
     fuse_conv_bn_relu(model)
     assert model._cbr_fused == 3
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
     opt_r = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
     for step in range(5):
-        x = torch.randn(8, 3, 16, 16, device="cuda").contiguous(memory_format=torch.channels_last)
-        y = torch.randint(0, 4, (8,), device="cuda")
+        x = torch.randn(8, 3, 16, 16, device=device).contiguous(memory_format=torch.channels_last)
+        y = torch.randint(0, 4, (8,), device=device)
         for m, o in ((model, opt), (ref, opt_r)):
             o.zero_grad()
             loss = F.cross_entropy(m(x), y)
@@ -383,7 +386,7 @@ def test_fused_sequential_training_steps_match_eager():
     model.eval()
     ref.eval()
     with torch.no_grad():
-        x = torch.randn(4, 3, 16, 16, device="cuda")
+        x = torch.randn(4, 3, 16, 16, device=device)
         assert _rel_err(model(x), ref(x)) <= 1e-3
 
 
