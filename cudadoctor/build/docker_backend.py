@@ -183,11 +183,21 @@ def build(plan: BuildPlan, *, work_dir: Path, staging: Path, progress: BuildProg
     docker = dk._docker()
     try:
         return _build(plan, work_dir=work_dir, staging=staging, progress=progress)
-    except docker.errors.DockerException as exc:
+    except (docker.errors.DockerException, _requests_errors()) as exc:
         raise CudadoctorError(
             f"the Docker daemon refused a request: {getattr(exc, 'explanation', None) or exc}.",
             hint=f"The log so far is {progress.log_path}; `docker info` shows the daemon's state.",
         ) from None
+
+
+def _requests_errors() -> type[BaseException]:
+    """The connection errors of the HTTP library under the docker SDK (a daemon that went away)."""
+    try:
+        import requests
+
+        return requests.exceptions.RequestException
+    except ImportError:  # pragma: no cover - the docker SDK depends on requests
+        return OSError
 
 
 def _build(plan: BuildPlan, *, work_dir: Path, staging: Path, progress: BuildProgress) -> Path:

@@ -50,9 +50,9 @@ class BuildProgress:
         self.stage = stage
         self.steps = ""
         self.write(f"[cudadoctor] == {stage}")
-        if self._live is None:
-            self.console.print(f"[bold]{self.title}[/bold]: {stage}", highlight=False, soft_wrap=True)
-        else:
+        # printed above the live view on a terminal, as a plain line otherwise
+        self.console.print(f"[bold]{self.title}[/bold]: {stage}", highlight=False, soft_wrap=True)
+        if self._live is not None:
             self._live.update(self._render())
 
     def write(self, line: str) -> None:

@@ -12,7 +12,7 @@ if ! command -v python3 >/dev/null 2>&1 || ! python3 -c 'import venv, ensurepip'
   if command -v apt-get >/dev/null 2>&1; then
     say "installing python3, g++ with apt-get"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-      python3 python3-venv python3-dev g++ make ca-certificates >/dev/null
+      python3 python3-venv python3-dev g++ make ca-certificates ccache >/dev/null
   elif command -v dnf >/dev/null 2>&1; then
     dnf install -y -q python3 python3-devel gcc-c++ make
   else
