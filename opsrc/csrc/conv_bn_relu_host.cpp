@@ -230,8 +230,9 @@ Tensor forward_composite(const Tensor& input, const Tensor& weight, const OptTen
                            dilation, groups);
   const Tensor& conv_out = std::get<1>(r);
   const bool stats = has(running_mean) && has(running_var);
-  if ((stats || has(num_batches_tracked)) && conv_out.numel() > 0) {
-    const int64_t count = conv_out.numel() / conv_out.size(1);
+  if (stats || has(num_batches_tracked)) {
+    // an empty batch still counts as a step (num_batches_tracked), like BatchNorm2d
+    const int64_t count = conv_out.numel() > 0 ? conv_out.numel() / conv_out.size(1) : 0;
     update_op().call(stats ? running_mean : OptTensor(), stats ? running_var : OptTensor(),
                      num_batches_tracked, std::get<2>(r), std::get<3>(r), momentum, eps, count);
   }
