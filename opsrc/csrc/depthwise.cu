@@ -7,7 +7,11 @@
 // The direct kernels (one thread per output element, any kernel size, stride,
 // dilation, padding, channel multiplier, dtype incl. float64, NCHW or
 // channels_last) are the correctness anchor; impl=1 forces them. impl=0 picks
-// the fast kernels of depthwise_fwd.cu / depthwise_wgrad.cu where they apply.
+// the fast kernels of depthwise_fwd.cu / depthwise_wgrad.cu where they apply
+// (forward: the second-generation kernels, falling back to the first-generation
+// ones); impl=2 ("tiled_v1") is impl=0 with the forward pinned to the
+// first-generation kernels, kept so that old and new can be timed side by side.
+// The backward ops treat 2 like 0.
 #include <array>
 #include <optional>
 #include <tuple>
@@ -284,9 +288,13 @@ FastShape fast_shape(const Geom& g) {
   return s;
 }
 
+constexpr int64_t kImplAuto = 0;
+constexpr int64_t kImplDirect = 1;
+constexpr int64_t kImplTiledV1 = 2;
+
 void check_impl(int64_t impl) {
-  TORCH_CHECK(impl == 0 || impl == 1, "depthwise_conv2d: impl must be 0 (auto) or 1 (direct), got ",
-              impl);
+  TORCH_CHECK(impl == kImplAuto || impl == kImplDirect || impl == kImplTiledV1,
+              "depthwise_conv2d: impl must be 0 (auto), 1 (direct) or 2 (tiled_v1), got ", impl);
 }
 
 at::Tensor forward_cuda(const at::Tensor& input_, const at::Tensor& weight_,
@@ -316,9 +324,19 @@ at::Tensor forward_cuda(const at::Tensor& input_, const at::Tensor& weight_,
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
 
   DType dt;
-  if (impl == 0 && fast_dtype(input.scalar_type(), dt) && fast_geom(g)) {
+  if (impl != kImplDirect && fast_dtype(input.scalar_type(), dt) && fast_geom(g)) {
     const FastShape s = fast_shape(g);
     const void* bp = bias.defined() ? bias.data_ptr() : nullptr;
+    if (impl == kImplAuto) {
+      const bool ok2 = cl ? launch_fwd_nhwc_v2(dt, input.data_ptr(), weight.data_ptr(), bp,
+                                               out.data_ptr(), s, false, stream)
+                          : launch_fwd_nchw_v2(dt, input.data_ptr(), weight.data_ptr(), bp,
+                                               out.data_ptr(), s, false, stream);
+      if (ok2) {
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        return out;
+      }
+    }
     const bool ok = cl ? launch_fwd_nhwc(dt, input.data_ptr(), weight.data_ptr(), bp,
                                          out.data_ptr(), s, false, stream)
                        : launch_fwd_nchw(dt, input.data_ptr(), weight.data_ptr(), bp,
@@ -367,7 +385,7 @@ at::Tensor backward_input_cuda(const at::Tensor& grad_out_, const at::Tensor& in
 
   DType dt;
   // Stride 1: dX = conv(dY, rot180(w), padding K-1-p), output H x W.
-  if (impl == 0 && fast_dtype(gout.scalar_type(), dt) && fast_geom(g) && g.SH == 1) {
+  if (impl != kImplDirect && fast_dtype(gout.scalar_type(), dt) && fast_geom(g) && g.SH == 1) {
     FastShape s;
     s.N = static_cast<int>(g.N);
     s.C = static_cast<int>(g.C);
@@ -389,7 +407,7 @@ at::Tensor backward_input_cuda(const at::Tensor& grad_out_, const at::Tensor& in
     }
   }
   // Stride 2, channels_last: gather kernel over the stride grid.
-  if (impl == 0 && cl && fast_dtype(gout.scalar_type(), dt) && fast_geom(g) && g.SH != 1) {
+  if (impl != kImplDirect && cl && fast_dtype(gout.scalar_type(), dt) && fast_geom(g) && g.SH != 1) {
     if (launch_bwd_input_nhwc(dt, gout.data_ptr(), weight.data_ptr(), gin.data_ptr(),
                               fast_shape(g), stream)) {
       C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -440,7 +458,7 @@ std::tuple<at::Tensor, at::Tensor> backward_weight_cuda(
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
 
   DType dt;
-  if (impl == 0 && fast_dtype(input.scalar_type(), dt) && fast_geom(g)) {
+  if (impl != kImplDirect && fast_dtype(input.scalar_type(), dt) && fast_geom(g)) {
     const FastShape s = fast_shape(g);
     const int64_t wsn = wgrad_workspace(dt, cl, s);
     if (wsn > 0) {

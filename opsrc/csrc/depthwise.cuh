@@ -42,6 +42,21 @@ bool launch_fwd_nhwc(DType dt, const void* in, const void* w, const void* bias,
                      void* out, const FastShape& s, bool flip,
                      cudaStream_t stream);
 
+// Second-generation forward kernels (the default forward path). Same contract
+// as launch_fwd_nchw / launch_fwd_nhwc; they return false where they do not
+// apply (the caller then tries the first-generation kernels above).
+//   NCHW: 16-byte aligned chunk loads of the input tile rows into shared
+//         memory (many in flight per thread), 4 outputs per thread along W
+//         times R rows.
+//   NHWC: 16 bytes of channels per thread (8 for 16-bit types, 4 for float32)
+//         times several output pixels along W; needs C a multiple of that.
+bool launch_fwd_nchw_v2(DType dt, const void* in, const void* w, const void* bias,
+                        void* out, const FastShape& s, bool flip,
+                        cudaStream_t stream);
+bool launch_fwd_nhwc_v2(DType dt, const void* in, const void* w, const void* bias,
+                        void* out, const FastShape& s, bool flip,
+                        cudaStream_t stream);
+
 // Input gradient for channels_last tensors, any stride in the fast set (the
 // shape is the forward's: H,W input, Ho,Wo output, PH,PW the forward padding).
 //   go [N,Ho,Wo,C] in memory, w [C,1,K,K], gin [N,H,W,C] in memory.

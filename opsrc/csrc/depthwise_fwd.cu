@@ -409,6 +409,397 @@ bool dispatch_bwd_input(const void* go, const void* w, void* gin, const FastShap
   return false;
 }
 
+// ---------------------------------------------------------------------------
+// Second-generation forward kernels.
+
+constexpr int kSmemLimit = 48 * 1024;  // dynamic shared memory without opt-in
+
+// NCHW forward, v2.
+//   in [N*C planes][H][W], w [C][K][K], bias [C] or null, out [N*C planes][Ho][Wo]
+// Block = BX x BY threads (BX in {32,16,8}, runtime), output tile of
+// TW = BX*RW columns by TH = BY*R rows of one plane. Thread (tx, ty) computes
+// columns tx + j*BX (j < RW) of rows ty*R .. ty*R+R-1: consecutive threads
+// read consecutive shared-memory words (no bank conflicts at stride 1) and
+// store consecutive output columns (coalesced).
+//
+// Staging: the input rows of the tile, iy0 .. iy0+IH-1, columns from a0 (ix0
+// rounded down to a multiple of VE = 16/sizeof(T) elements) in chunks of VE
+// elements. With `vec` (W % VE == 0 and a 16-byte aligned base) every chunk is
+// either wholly inside the row or wholly outside, so one 16-byte load (or a
+// zero) fills it; each thread issues U such loads before it converts and
+// stores any of them to shared memory. Without `vec`, element loads.
+// Shared memory row pitch SP = chunks * VE floats; column `off` of a row is
+// input column ix0.
+template <typename T, int K, int S, int R, int RW>
+__global__ void __launch_bounds__(kThreads)
+    fwd_nchw_v2(const T* __restrict__ in, const T* __restrict__ w,
+                const T* __restrict__ bias, T* __restrict__ out, int C, int H,
+                int W, int Ho, int Wo, int PH, int PW, int tilesX, int tilesY,
+                int SP, bool vec, bool flip) {
+  constexpr int VE = 16 / static_cast<int>(sizeof(T));
+  extern __shared__ float4 smem_v2[];
+  float* tile = reinterpret_cast<float*>(smem_v2);
+  const int BX = blockDim.x;
+  const int BY = blockDim.y;
+  const int TW = BX * RW;
+  const int TH = BY * R;
+  const int IH = (TH - 1) * S + K;
+  const int NCH = SP / VE;
+
+  int64_t b = blockIdx.x;
+  const int tx_tile = static_cast<int>(b % tilesX);
+  b /= tilesX;
+  const int ty_tile = static_cast<int>(b % tilesY);
+  const int64_t plane = b / tilesY;
+  const int c = static_cast<int>(plane % C);
+
+  const int ox0 = tx_tile * TW;
+  const int oy0 = ty_tile * TH;
+  const int ix0 = ox0 * S - PW;
+  const int iy0 = oy0 * S - PH;
+  const int a0 = ix0 >= 0 ? (ix0 / VE) * VE : -(((-ix0) + VE - 1) / VE) * VE;
+  const int off = ix0 - a0;  // 0 .. VE-1
+  const T* ip = in + plane * static_cast<int64_t>(H) * W;
+  const int tid = threadIdx.y * BX + threadIdx.x;
+  const int nthr = BX * BY;
+
+  if (vec) {
+    constexpr int U = 8;
+    const int total = IH * NCH;
+    for (int base = tid; base < total; base += U * nthr) {
+      uint4 v[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int i = base + u * nthr;
+        const int r = i / NCH;
+        const int iy = iy0 + r;
+        const int ix = a0 + (i - r * NCH) * VE;
+        const bool ok = i < total && iy >= 0 && iy < H && ix >= 0 && ix < W;
+        v[u] = make_uint4(0u, 0u, 0u, 0u);
+        if (ok) v[u] = __ldg(reinterpret_cast<const uint4*>(ip + static_cast<int64_t>(iy) * W + ix));
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int i = base + u * nthr;
+        if (i < total) {
+          const int r = i / NCH;
+          const int q = i - r * NCH;
+          T e[VE];
+          memcpy(e, &v[u], 16);
+          float f[VE];
+#pragma unroll
+          for (int k = 0; k < VE; ++k) f[k] = static_cast<float>(e[k]);
+          float4* dst = reinterpret_cast<float4*>(tile + r * SP + q * VE);
+#pragma unroll
+          for (int k = 0; k < VE / 4; ++k)
+            dst[k] = make_float4(f[4 * k], f[4 * k + 1], f[4 * k + 2], f[4 * k + 3]);
+        }
+      }
+    }
+  } else {
+    constexpr int U = 8;
+    const int total = IH * SP;
+    for (int base = tid; base < total; base += U * nthr) {
+      float v[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int i = base + u * nthr;
+        const int r = i / SP;
+        const int iy = iy0 + r;
+        const int ix = a0 + (i - r * SP);
+        const bool ok = i < total && iy >= 0 && iy < H && ix >= 0 && ix < W;
+        const int iyc = min(max(iy, 0), H - 1);
+        const int ixc = min(max(ix, 0), W - 1);
+        const float x = ldg_float(ip + static_cast<int64_t>(iyc) * W + ixc);
+        v[u] = ok ? x : 0.f;
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int i = base + u * nthr;
+        if (i < total) tile[i] = v[u];
+      }
+    }
+  }
+
+  float wr[K * K];
+  const T* wp = w + static_cast<int64_t>(c) * K * K;
+#pragma unroll
+  for (int t = 0; t < K * K; ++t) wr[t] = to_float(wp[flip ? K * K - 1 - t : t]);
+  const float bv = bias != nullptr ? to_float(bias[c]) : 0.f;
+  __syncthreads();
+
+  float acc[R][RW];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int j = 0; j < RW; ++j) acc[r][j] = bv;
+
+  const float* sp = tile + (threadIdx.y * R * S) * SP + off + threadIdx.x * S;
+  const int colstep = BX * S;
+#pragma unroll
+  for (int ir = 0; ir < (R - 1) * S + K; ++ir) {
+#pragma unroll
+    for (int j = 0; j < RW; ++j) {
+      float row[K];
+#pragma unroll
+      for (int kw = 0; kw < K; ++kw) row[kw] = sp[ir * SP + j * colstep + kw];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int kh = ir - r * S;
+        if (kh >= 0 && kh < K) {
+#pragma unroll
+          for (int kw = 0; kw < K; ++kw) acc[r][j] = fmaf(row[kw], wr[kh * K + kw], acc[r][j]);
+        }
+      }
+    }
+  }
+
+  T* op = out + plane * static_cast<int64_t>(Ho) * Wo;
+  const int oyb = oy0 + threadIdx.y * R;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int oy = oyb + r;
+    if (oy < Ho) {
+#pragma unroll
+      for (int j = 0; j < RW; ++j) {
+        const int ox = ox0 + threadIdx.x + j * BX;
+        if (ox < Wo) op[static_cast<int64_t>(oy) * Wo + ox] = from_float<T>(acc[r][j]);
+      }
+    }
+  }
+}
+
+// NHWC (channels_last) forward, v2.
+//   in [N][H][W][C], out [N][Ho][Wo][C], w [C][K][K], bias [C] or null
+// Threads: x = a vector of V = 16/sizeof(T) channels (16-byte loads and
+// stores), y = a group of RW horizontally adjacent outputs of one output row.
+// Per kernel row the thread loads the NCOL = (RW-1)*S+K input vectors the
+// group needs (each reused by every output of the group it touches); the
+// next row's vectors are loaded before the current row's FMAs, so up to two
+// rows of 16-byte loads are in flight per thread. Weights for the block's channels are staged in shared
+// memory as [tap][channel] floats.
+template <typename T, int K, int S, int RW>
+__global__ void __launch_bounds__(kThreads, 2)
+    fwd_nhwc_v2(const T* __restrict__ in, const T* __restrict__ w,
+                const T* __restrict__ bias, T* __restrict__ out, int C, int H,
+                int W, int Ho, int Wo, int PH, int PW, int groupsW,
+                int64_t total_groups, bool flip) {
+  constexpr int V = 16 / static_cast<int>(sizeof(T));
+  constexpr int NCOL = (RW - 1) * S + K;
+  extern __shared__ float4 smem_v2[];
+  float* sw = reinterpret_cast<float*>(smem_v2);  // [K*K][TXC], then [TXC] bias
+  const int TXC = blockDim.x * V;
+  const int c0 = blockIdx.y * TXC;
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  const int nthr = blockDim.x * blockDim.y;
+  for (int i = tid; i < TXC * K * K; i += nthr) {
+    const int cl = i / (K * K);
+    const int t = i - cl * (K * K);
+    const int cc = c0 + cl;
+    float v = 0.f;
+    if (cc < C) v = to_float(w[static_cast<int64_t>(cc) * K * K + (flip ? K * K - 1 - t : t)]);
+    sw[t * TXC + cl] = v;
+  }
+  float* sb = sw + K * K * TXC;
+  for (int i = tid; i < TXC; i += nthr) {
+    const int cc = c0 + i;
+    sb[i] = (bias != nullptr && cc < C) ? to_float(bias[cc]) : 0.f;
+  }
+  __syncthreads();
+
+  const int cl = threadIdx.x * V;
+  const int c = c0 + cl;
+  const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  if (c >= C || g >= total_groups) return;
+  const int gx = static_cast<int>(g % groupsW);
+  const int64_t t2 = g / groupsW;
+  const int oy = static_cast<int>(t2 % Ho);
+  const int64_t n = t2 / Ho;
+  const int ox0 = gx * RW;
+
+  float acc[RW][V];
+#pragma unroll
+  for (int r = 0; r < RW; ++r)
+#pragma unroll
+    for (int e = 0; e < V; ++e) acc[r][e] = sb[cl + e];
+
+  const int64_t rowstride = static_cast<int64_t>(W) * C;
+  const T* ip = in + n * H * rowstride + c;
+  const int ixb = ox0 * S - PW;
+  const int iyb = oy * S - PH;
+
+  // Loads of kernel row kh (zero outside the image and for kh >= K).
+  auto load_row = [&](int kh, uint4 (&dst)[NCOL]) {
+    const int iy = iyb + kh;
+    const bool rok = kh < K && iy >= 0 && iy < H;
+    const T* rp = ip + min(max(iy, 0), H - 1) * rowstride;
+#pragma unroll
+    for (int j = 0; j < NCOL; ++j) {
+      const int ix = ixb + j;
+      dst[j] = make_uint4(0u, 0u, 0u, 0u);
+      if (rok && ix >= 0 && ix < W)
+        dst[j] = __ldg(reinterpret_cast<const uint4*>(rp + static_cast<int64_t>(ix) * C));
+    }
+  };
+  // Software pipeline over kernel rows: row kh+1 is loaded before row kh's
+  // FMAs. The loop is deliberately not unrolled, so that the compiler cannot
+  // hoist every row's loads (K*NCOL vectors would not fit in registers).
+  uint4 cur[NCOL];
+  load_row(0, cur);
+#pragma unroll 1
+  for (int kh = 0; kh < K; ++kh) {
+    uint4 nxt[NCOL];
+    load_row(kh + 1, nxt);
+#pragma unroll
+    for (int j = 0; j < NCOL; ++j) {
+      T e[V];
+      memcpy(e, &cur[j], 16);
+      float v[V];
+#pragma unroll
+      for (int k = 0; k < V; ++k) v[k] = static_cast<float>(e[k]);
+#pragma unroll
+      for (int r = 0; r < RW; ++r) {
+        const int kw = j - r * S;
+        if (kw >= 0 && kw < K) {
+          const float4* wv = reinterpret_cast<const float4*>(sw + (kh * K + kw) * TXC + cl);
+#pragma unroll
+          for (int q = 0; q < V / 4; ++q) {
+            const float4 w4 = wv[q];
+            acc[r][4 * q + 0] = fmaf(v[4 * q + 0], w4.x, acc[r][4 * q + 0]);
+            acc[r][4 * q + 1] = fmaf(v[4 * q + 1], w4.y, acc[r][4 * q + 1]);
+            acc[r][4 * q + 2] = fmaf(v[4 * q + 2], w4.z, acc[r][4 * q + 2]);
+            acc[r][4 * q + 3] = fmaf(v[4 * q + 3], w4.w, acc[r][4 * q + 3]);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < NCOL; ++j) cur[j] = nxt[j];
+  }
+
+  T* op = out + (n * Ho + oy) * static_cast<int64_t>(Wo) * C + c;
+#pragma unroll
+  for (int r = 0; r < RW; ++r) {
+    const int ox = ox0 + r;
+    if (ox < Wo) store_vec<T, V>(op + static_cast<int64_t>(ox) * C, acc[r]);
+  }
+}
+
+template <typename T, int K, int S, int R>
+void launch_nchw_v2(const void* in, const void* w, const void* bias, void* out,
+                    const FastShape& s, bool flip, int BX, int BY, int SP, size_t smem,
+                    bool vec, cudaStream_t stream) {
+  constexpr int RW = 4;
+  const int tilesX = (s.Wo + BX * RW - 1) / (BX * RW);
+  const int tilesY = (s.Ho + BY * R - 1) / (BY * R);
+  const int64_t blocks = static_cast<int64_t>(tilesX) * tilesY * s.N * s.C;
+  fwd_nchw_v2<T, K, S, R, RW><<<static_cast<unsigned>(blocks), dim3(BX, BY), smem, stream>>>(
+      static_cast<const T*>(in), static_cast<const T*>(w), static_cast<const T*>(bias),
+      static_cast<T*>(out), s.C, s.H, s.W, s.Ho, s.Wo, s.PH, s.PW, tilesX, tilesY, SP, vec,
+      flip);
+}
+
+// Geometry of one NCHW v2 launch with R rows per thread; false when its
+// shared memory would exceed kSmemLimit or its grid the launch limit.
+struct NchwV2Plan {
+  int BX, BY, SP;
+  size_t smem;
+  int64_t blocks;
+};
+
+bool plan_nchw_v2(const FastShape& s, int R, int VE, NchwV2Plan& p) {
+  constexpr int RW = 4;
+  p.BX = s.Wo > 64 ? 32 : (s.Wo > 32 ? 16 : 8);
+  p.BY = kThreads / p.BX;
+  const int need_rows = (s.Ho + R - 1) / R;
+  if (need_rows < p.BY) p.BY = need_rows < 1 ? 1 : need_rows;
+  const int TH = p.BY * R;
+  const int IH = (TH - 1) * s.S + s.K;
+  const int IW = (p.BX * RW - 1) * s.S + s.K;
+  p.SP = ((IW + VE - 1) / VE + 1) * VE;
+  p.smem = static_cast<size_t>(IH) * p.SP * sizeof(float);
+  const int64_t tilesX = (s.Wo + p.BX * RW - 1) / (p.BX * RW);
+  const int64_t tilesY = (s.Ho + TH - 1) / TH;
+  p.blocks = tilesX * tilesY * s.N * s.C;
+  return p.smem <= static_cast<size_t>(kSmemLimit) && p.blocks < (int64_t(1) << 31);
+}
+
+template <typename T, int K, int S>
+bool run_nchw_v2(const void* in, const void* w, const void* bias, void* out,
+                 const FastShape& s, bool flip, cudaStream_t stream) {
+  constexpr int VE = 16 / static_cast<int>(sizeof(T));
+  const bool vec = s.W % VE == 0 && (reinterpret_cast<uintptr_t>(in) & 15u) == 0;
+  NchwV2Plan p;
+  // Tall tiles (8 rows per thread) cut the halo re-reads and reuse each
+  // shared-memory row across more outputs; use them while the grid still has
+  // several blocks per SM, else 2 rows per thread.
+  if (plan_nchw_v2(s, 8, VE, p) && p.blocks >= 1024) {
+    launch_nchw_v2<T, K, S, 8>(in, w, bias, out, s, flip, p.BX, p.BY, p.SP, p.smem, vec, stream);
+    return true;
+  }
+  if (plan_nchw_v2(s, 2, VE, p)) {
+    launch_nchw_v2<T, K, S, 2>(in, w, bias, out, s, flip, p.BX, p.BY, p.SP, p.smem, vec, stream);
+    return true;
+  }
+  return false;
+}
+
+template <typename T, int K, int S>
+bool run_nhwc_v2(const void* in, const void* w, const void* bias, void* out,
+                 const FastShape& s, bool flip, cudaStream_t stream) {
+  constexpr int V = 16 / static_cast<int>(sizeof(T));
+  constexpr int RW = S == 1 ? 4 : 2;
+  const int CV = s.C / V;
+  const int groupsW = (s.Wo + RW - 1) / RW;
+  // Fewer channels per block on wide images, so that one block spans at
+  // least two output rows (their shared input rows then hit in L1); at most
+  // 128 channels per block (shared memory of the staged weights).
+  int cap = kThreads / (2 * groupsW);
+  cap = cap < 2 ? 2 : (cap > 128 / V ? 128 / V : cap);
+  const int TX = balanced_tx(CV, cap);
+  const int TY = kThreads / TX;
+  const int64_t total = static_cast<int64_t>(s.N) * s.Ho * groupsW;
+  const int64_t gx = (total + TY - 1) / TY;
+  const int gy = (CV + TX - 1) / TX;
+  if (gx >= (int64_t(1) << 31) || gy > 65535) return false;
+  const size_t smem = static_cast<size_t>(K * K + 1) * TX * V * sizeof(float);
+  fwd_nhwc_v2<T, K, S, RW><<<dim3(static_cast<unsigned>(gx), gy), dim3(TX, TY), smem, stream>>>(
+      static_cast<const T*>(in), static_cast<const T*>(w), static_cast<const T*>(bias),
+      static_cast<T*>(out), s.C, s.H, s.W, s.Ho, s.Wo, s.PH, s.PW, groupsW, total, flip);
+  return true;
+}
+
+template <typename T>
+bool dispatch_ks_v2(bool nhwc, const void* in, const void* w, const void* bias, void* out,
+                    const FastShape& s, bool flip, cudaStream_t stream) {
+#define CDO_DW_CASE(KK, SS)                                                    \
+  if (s.K == KK && s.S == SS) {                                                \
+    return nhwc ? run_nhwc_v2<T, KK, SS>(in, w, bias, out, s, flip, stream)    \
+                : run_nchw_v2<T, KK, SS>(in, w, bias, out, s, flip, stream);   \
+  }
+  CDO_DW_CASE(3, 1)
+  CDO_DW_CASE(3, 2)
+  CDO_DW_CASE(5, 1)
+  CDO_DW_CASE(5, 2)
+  CDO_DW_CASE(7, 1)
+  CDO_DW_CASE(7, 2)
+#undef CDO_DW_CASE
+  return false;
+}
+
+bool dispatch_type_v2(DType dt, bool nhwc, const void* in, const void* w, const void* bias,
+                      void* out, const FastShape& s, bool flip, cudaStream_t stream) {
+  switch (dt) {
+    case DType::F32:
+      return dispatch_ks_v2<float>(nhwc, in, w, bias, out, s, flip, stream);
+    case DType::F16:
+      return dispatch_ks_v2<c10::Half>(nhwc, in, w, bias, out, s, flip, stream);
+    case DType::BF16:
+      return dispatch_ks_v2<c10::BFloat16>(nhwc, in, w, bias, out, s, flip, stream);
+  }
+  return false;
+}
+
 }  // namespace
 
 bool launch_fwd_nchw(DType dt, const void* in, const void* w, const void* bias,
@@ -446,6 +837,26 @@ bool launch_bwd_input_nhwc(DType dt, const void* go, const void* w, void* gin,
       return dispatch_bwd_input<c10::BFloat16>(go, w, gin, s, stream);
   }
   return false;
+}
+
+bool launch_fwd_nchw_v2(DType dt, const void* in, const void* w, const void* bias,
+                        void* out, const FastShape& s, bool flip,
+                        cudaStream_t stream) {
+  if (s.Ho <= 0 || s.Wo <= 0 || s.N <= 0 || s.C <= 0 || s.H <= 0 || s.W <= 0) return false;
+  return dispatch_type_v2(dt, false, in, w, bias, out, s, flip, stream);
+}
+
+bool launch_fwd_nhwc_v2(DType dt, const void* in, const void* w, const void* bias,
+                        void* out, const FastShape& s, bool flip,
+                        cudaStream_t stream) {
+  if (s.Ho <= 0 || s.Wo <= 0 || s.N <= 0 || s.C <= 0 || s.H <= 0 || s.W <= 0) return false;
+  // 16 bytes of channels per thread: C a multiple of 4 (float32) or 8 (16-bit),
+  // 16-byte aligned tensors.
+  const int V = dt == DType::F32 ? 4 : 8;
+  if (s.C % V != 0 || (reinterpret_cast<uintptr_t>(in) & 15u) ||
+      (reinterpret_cast<uintptr_t>(out) & 15u))
+    return false;
+  return dispatch_type_v2(dt, true, in, w, bias, out, s, flip, stream);
 }
 
 }  // namespace depthwise

@@ -10,10 +10,16 @@ writes the output; backward reads grad_output and the input and writes grad_inpu
 against the device-to-device copy bandwidth measured in the same run. Targets: forward >= 2x and
 backward >= 1.5x on the fp32 NCHW shapes; >= 1x on the fp16/bf16 channels_last MobileNetV2 /
 EfficientNet-B0 layers at batch 64. A row whose result differs from torch's is never "met".
+
+Forward rows also time the previous generation of fast kernels (``impl=2``, "tiled_v1") in the
+same run: each forward row carries ``prev_ms`` and ``prev_ratio`` (torch / previous) in the JSON,
+a progress line per shape gives new, previous and torch side by side, and a summary of the three
+is printed before the table.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import torch
@@ -74,15 +80,35 @@ def _rel_err(got, ref) -> float:
     return (got.float() - ref.float()).abs().max().item() / max(ref.float().abs().max().item(), 1e-6)
 
 
+_IMPL_AUTO, _IMPL_TILED_V1 = 0, 2
+
+
+def _row_type():
+    from .bench import Row
+
+    @dataclasses.dataclass
+    class DepthwiseRow(Row):
+        # Forward rows: the previous fast kernels (impl=2) timed in the same run, and torch / them.
+        prev_ms: float = 0.0
+        prev_ratio: float = 0.0
+
+    return DepthwiseRow
+
+
 def _case_rows(timer, copy_tbps, group, n, c, h, w, k, s, dtype, layout, target_fwd, target_bwd):
-    from .bench import Row, _progress
+    from .bench import _progress
+
+    Row = _row_type()
 
     ops = torch.ops.cudadoctor_ops
     x, wt, g, p = _tensors(n, c, h, w, k, s, dtype, layout)
     st, pd, dl = [s, s], [p, p], [1, 1]
 
     def fwd_ours():
-        return ops.depthwise_conv2d(x, wt, None, st, pd, dl, 0)
+        return ops.depthwise_conv2d(x, wt, None, st, pd, dl, _IMPL_AUTO)
+
+    def fwd_prev():
+        return ops.depthwise_conv2d(x, wt, None, st, pd, dl, _IMPL_TILED_V1)
 
     def fwd_torch():
         return F.conv2d(x, wt, None, s, p, 1, c)
@@ -99,7 +125,10 @@ def _case_rows(timer, copy_tbps, group, n, c, h, w, k, s, dtype, layout, target_
         return gi, gw
 
     # Same answer as torch first (a wrong fast kernel must not pass as a fast one).
-    ok_fwd = _rel_err(fwd_ours(), fwd_torch()) <= _TOL[dtype]
+    ref_fwd = fwd_torch()
+    ok_fwd = _rel_err(fwd_ours(), ref_fwd) <= _TOL[dtype]
+    ok_prev = _rel_err(fwd_prev(), ref_fwd) <= _TOL[dtype]
+    del ref_fwd
     (gi, gw), (gi_r, gw_r) = bwd_ours(), bwd_torch()
     ok_bwd = max(_rel_err(gi, gi_r), _rel_err(gw, gw_r)) <= _TOL[dtype]
     del gi, gw, gi_r, gw_r
@@ -113,6 +142,15 @@ def _case_rows(timer, copy_tbps, group, n, c, h, w, k, s, dtype, layout, target_
         row = Row("depthwise", f"{kind} k{k} s{s} {group}", (n, c, h, w), _SHORT[dtype],
                   layout.lower(), timer(ours), timer(theirs), nbytes, target)
         row.finish(copy_tbps)
+        if kind == "fwd":
+            row.prev_ms = timer(fwd_prev)
+            row.prev_ratio = row.torch_ms / row.prev_ms if row.prev_ms > 0 else 0.0
+            print(f"  depthwise fwd k{k} s{s} {group} {(n, c, h, w)} {_SHORT[dtype]} "
+                  f"{layout.lower()}: new {row.ours_ms:.4f} ms, tiled_v1 {row.prev_ms:.4f} ms, "
+                  f"torch {row.torch_ms:.4f} ms -> new {row.ratio:.2f}x, tiled_v1 "
+                  f"{row.prev_ratio:.2f}x of torch; new/tiled_v1 {row.prev_ms / row.ours_ms:.2f}x"
+                  + ("" if ok_prev else "  (tiled_v1 RESULT MISMATCH)"),
+                  file=sys.stderr, flush=True)
         if not ok:
             row.ok = False
             print(f"  depthwise {kind} {(n, c, h, w)} k{k} s{s} {_SHORT[dtype]} {layout}: "
@@ -133,7 +171,24 @@ def bench_rows(args, timer, copy_tbps) -> list:
     for (group, n, c, h, w, k, s), dtype, layout, tf, tb in cases:
         rows += _case_rows(timer, copy_tbps, group, n, c, h, w, k, s, dtype, layout, tf, tb)
         torch.cuda.empty_cache()
+    if not getattr(args, "json", False):
+        print(forward_summary(rows))
     return rows
+
+
+def forward_summary(rows) -> str:
+    """Forward rows: current kernels, previous (tiled_v1) kernels and torch side by side."""
+    lines = ["depthwise forward: current kernels vs previous (tiled_v1) vs torch, same run",
+             f"  {'shape':<34} {'dtype':<5} {'layout':<6} {'new ms':>8} {'v1 ms':>8} "
+             f"{'torch ms':>8} {'new/torch':>9} {'v1/torch':>8} {'new vs v1':>9}"]
+    for r in rows:
+        if not r.kind.startswith("fwd") or not getattr(r, "prev_ms", 0.0):
+            continue
+        shape = f"{r.kind.split()[1]} {r.kind.split()[2]} " + "x".join(str(v) for v in r.shape)
+        lines.append(f"  {shape:<34} {r.dtype:<5} {r.layout:<6} {r.ours_ms:>8.4f} {r.prev_ms:>8.4f} "
+                     f"{r.torch_ms:>8.4f} {r.ratio:>8.2f}x {r.prev_ratio:>7.2f}x "
+                     f"{r.prev_ms / r.ours_ms:>8.2f}x")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,9 @@ Public API:
 Kernels: specialised fast paths (3x3, 5x5, 7x7 at stride 1 and 2, dilation 1, multiplier 1,
 float32/float16/bfloat16, NCHW and channels_last) and direct reference kernels for everything else
 (any kernel size, stride, dilation, padding, multiplier; float64 too). ``impl="direct"`` or the
-environment variable ``CUDADOCTOR_OPS_DEPTHWISE_IMPL=direct`` forces the reference kernels.
+environment variable ``CUDADOCTOR_OPS_DEPTHWISE_IMPL=direct`` forces the reference kernels;
+``impl="tiled_v1"`` runs the forward on the first-generation tiled kernels instead of the current
+ones (the backward is the same as ``"auto"``), so that both can be timed in one run.
 The output keeps the input's memory format (channels_last in, channels_last out).
 """
 
@@ -25,7 +27,7 @@ from torch import nn
 
 __all__ = ["depthwise_conv2d", "DepthwiseConv2d"]
 
-_IMPLS = {"auto": 0, "direct": 1}
+_IMPLS = {"auto": 0, "direct": 1, "tiled_v1": 2}
 _ENV_IMPL = "CUDADOCTOR_OPS_DEPTHWISE_IMPL"
 
 _IMPORT_IMPL = os.environ.get(_ENV_IMPL, "auto") or "auto"
@@ -220,7 +222,8 @@ def depthwise_conv2d(
 
     ``weight`` is ``[C * multiplier, 1, kh, kw]``; ``stride``, ``padding`` and ``dilation`` are
     ints or (h, w) pairs. ``impl``: ``"auto"`` (default; fast kernels where they apply) or
-    ``"direct"`` (reference kernels); ``None`` reads ``$CUDADOCTOR_OPS_DEPTHWISE_IMPL``.
+    ``"direct"`` (reference kernels) or ``"tiled_v1"`` (forward on the first-generation fast
+    kernels); ``None`` reads ``$CUDADOCTOR_OPS_DEPTHWISE_IMPL``.
     Inputs must be CUDA tensors of one dtype (float32, float16, bfloat16 or float64).
     """
     for name, t in (("input", input), ("weight", weight), ("bias", bias)):
@@ -362,6 +365,28 @@ def sanitize_exercise() -> int:
                 for cl in (False, True):
                     one(2, 16, 13, 11, k, s, k // 2, 1, 1, dtype, cl)
                     count += 1
+    # Forward only, W a multiple of 8: the 16-byte chunk loads of the NCHW kernels (W = 11 above
+    # takes their element loads), the channels_last 16-byte kernels, and tall tiles (many planes).
+    def fwd_only(n, c, h, w, k, s, dtype, cl):
+        x = torch.randn(n, c, h, w, device="cuda", generator=gen).to(dtype)
+        if cl:
+            x = x.contiguous(memory_format=torch.channels_last)
+        wt = torch.randn(c, 1, k, k, device="cuda", generator=gen).to(dtype)
+        b = torch.randn(c, device="cuda", generator=gen).to(dtype)
+        out = depthwise_conv2d(x, wt, b, s, k // 2)
+        ref = F.conv2d(x.cpu().double(), wt.cpu().double(), b.cpu().double(), s, k // 2, 1, c)
+        err = (out.cpu().double() - ref).abs().max().item() / max(ref.abs().max().item(), 1e-6)
+        assert err <= tol[dtype], f"depthwise forward mismatch {err:.2e}: {(n, c, h, w)} k{k} s{s}"
+
+    for k in (3, 5, 7):
+        for s in (1, 2):
+            for dtype in (torch.float32, torch.float16, torch.bfloat16):
+                for cl in (False, True):
+                    fwd_only(1, 16, 12, 16, k, s, dtype, cl)
+                    count += 1
+    for k, s in ((3, 1), (5, 2)):
+        fwd_only(1, 1024, 9, 16, k, s, torch.float32, False)
+        count += 1
     for args in ((2, 8, 9, 10, 3, 1, 2, 2, 1), (2, 4, 7, 9, 3, 2, 1, 1, 2),
                  (1, 8, 12, 12, 4, 1, 2, 1, 1), (2, 8, 13, 13, 3, 1, 4, 1, 1),
                  (2, 8, 10, 9, 5, 2, 4, 1, 1)):

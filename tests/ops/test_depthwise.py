@@ -285,3 +285,215 @@ def test_bad_arguments_raise_clear_errors():
         depthwise_conv2d(x, w, stride=(1, 2, 3))
     with pytest.raises(RuntimeError, match="input dtype must be"):
         depthwise_conv2d(x.int(), w.int())
+
+
+# ---- forward kernels: current ("auto"), previous ("tiled_v1") and direct ------------------------
+
+# (N, C, H, W, k, stride, padding): fast-path forward cases (multiplier 1, dilation 1). The NCHW
+# kernels load 16-byte chunks of a row when W is a multiple of 16 / element size (4 for float32,
+# 8 for 16-bit types) and single elements otherwise; both are covered for every dtype.
+FWD_FAST_CASES = [
+    (2, 16, 16, 16, 3, 1, 1),  # W % 8 == 0: chunk loads for every dtype
+    (2, 16, 17, 20, 3, 2, 1),  # W % 4 == 0, W % 8 != 0: chunk loads for float32 only
+    (1, 8, 33, 35, 5, 1, 2),  # odd sizes: element loads
+    (3, 8, 21, 24, 5, 2, 2),  # stride 2, odd H
+    (2, 8, 20, 18, 7, 1, 3),  # W % 4 != 0
+    (2, 8, 15, 29, 7, 2, 3),  # odd, stride 2
+    (1, 8, 130, 136, 3, 1, 1),  # several tiles across H and W
+    (1, 8, 70, 66, 5, 2, 2),  # several tiles, stride 2, W % 4 != 0
+    (2, 512, 20, 24, 3, 1, 1),  # many planes: tall tiles (8 rows per thread)
+    (1, 1024, 9, 13, 5, 2, 2),  # tall tiles, odd sizes, stride 2
+    (1, 8, 40, 40, 7, 1, 3),  # 7x7 on a wider image
+    (2, 16, 16, 16, 3, 1, 3),  # padding wider than half the kernel
+    (2, 8, 2, 3, 3, 1, 1),  # tiny H and W
+    (1, 8, 1, 1, 3, 1, 1),  # 1x1 input
+    (2, 8, 4, 3, 7, 2, 3),  # H and W smaller than the kernel, stride 2
+    (1, 8, 3, 9, 5, 1, 2),  # H smaller than the kernel
+    (1, 12, 9, 10, 3, 1, 1),  # C % 8 != 0: 16-bit channels_last takes the 4-channel kernels
+    (1, 6, 9, 9, 3, 2, 1),  # C % 4 != 0: channels_last takes the direct kernel
+]
+
+FWD_TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def _fwd_id(case) -> str:
+    n, c, h, w, k, s, p = case
+    return f"{n}x{c}x{h}x{w}-k{k}-s{s}-p{p}"
+
+
+def _fwd_make(case, dtype, layout, seed=1):
+    n, c, h, w, k, s, p = case
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    x = torch.randn(n, c, h, w, device=DEV, generator=g).to(dtype)
+    wt = torch.randn(c, 1, k, k, device=DEV, generator=g).to(dtype)
+    b = torch.randn(c, device=DEV, generator=g).to(dtype)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    return x, wt, b, s, p
+
+
+def _check_forward_impls(x, wt, b, s, p):
+    """auto, tiled_v1 and direct against float64, and auto against direct."""
+    dtype = x.dtype
+    ref = F.conv2d(x.double(), wt.double(), b.double(), s, p, 1, groups=x.shape[1])
+    outs = {impl: depthwise_conv2d(x, wt, b, s, p, impl=impl)
+            for impl in ("auto", "tiled_v1", "direct")}
+    for impl, out in outs.items():
+        assert out.shape == ref.shape and out.dtype == dtype, impl
+        if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
+            assert out.is_contiguous(memory_format=torch.channels_last), impl
+        assert _rel_err(out, ref) < FWD_TOL[dtype], f"{impl} vs float64"
+    # Same float32 accumulation, different order: agree to about one rounding of the dtype.
+    torch.testing.assert_close(outs["auto"].float(), outs["direct"].float(),
+                               rtol=FWD_TOL[dtype], atol=FWD_TOL[dtype] * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", FWD_FAST_CASES, ids=_fwd_id)
+def test_forward_kernels_match_float64_and_direct(case, dtype, layout):
+    _check_forward_impls(*_fwd_make(case, dtype, layout))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_forward_misaligned_data_pointer(dtype, layout):
+    # A view one element into its storage: the data pointer is not 16-byte aligned, so the
+    # 16-byte paths must step aside (element loads, or the older/direct kernels).
+    n, c, h, w = 2, 16, 12, 16
+    shape = (n, h, w, c) if layout == "channels_last" else (n, c, h, w)
+    buf = torch.randn(n * c * h * w + 1, device=DEV).to(dtype)
+    x = buf[1:].view(shape)
+    if layout == "channels_last":
+        x = x.permute(0, 3, 1, 2)
+        assert x.is_contiguous(memory_format=torch.channels_last)
+    assert x.data_ptr() % 16 != 0
+    g = torch.Generator(device=DEV).manual_seed(2)
+    wt = torch.randn(c, 1, 3, 3, device=DEV, generator=g).to(dtype)
+    b = torch.randn(c, device=DEV, generator=g).to(dtype)
+    for s in (1, 2):
+        _check_forward_impls(x, wt, b, s, 1)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_forward_empty_batch_every_impl(dtype, layout):
+    x = torch.randn(0, 16, 12, 12, device=DEV).to(dtype)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    wt = torch.randn(16, 1, 3, 3, device=DEV).to(dtype)
+    for impl in ("auto", "tiled_v1", "direct"):
+        out = depthwise_conv2d(x, wt, None, 2, 1, impl=impl)
+        assert out.shape == (0, 16, 6, 6) and out.dtype == dtype
+
+
+def test_impl_names():
+    x, wt, b, s, p = _fwd_make(FWD_FAST_CASES[0], torch.float32, "nchw")
+    ref = depthwise_conv2d(x, wt, b, s, p, impl="direct")
+    for impl in ("auto", "tiled_v1"):
+        torch.testing.assert_close(depthwise_conv2d(x, wt, b, s, p, impl=impl), ref,
+                                   rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="tiled_v1"):
+        depthwise_conv2d(x, wt, b, s, p, impl="tiled_v2")
+    with pytest.raises(RuntimeError, match="impl must be"):
+        ops.depthwise_conv2d(x, wt, b, [1, 1], [1, 1], [1, 1], 7)
+
+
+# ---- errors raised by the compiled op itself (no Python-side checks in front) -----------------
+
+# Runs in a child process: a crash there (a signal) must fail this test, not kill pytest. Each
+# entry calls torch.ops.cudadoctor_ops.<op> directly with one bad argument and expects a
+# RuntimeError whose message contains the given text.
+_RAW_OP_ERRORS_SCRIPT = r"""
+import sys
+import torch
+import cudadoctor_ops  # noqa: F401  (registers the ops)
+
+ops = torch.ops.cudadoctor_ops
+x = torch.randn(2, 4, 8, 8, device="cuda")
+w = torch.randn(4, 1, 3, 3, device="cuda")
+g = torch.randn(2, 4, 8, 8, device="cuda")
+one, pad = [1, 1], [1, 1]
+cases = [
+    ("weight [4,2,3,3]", "weight must have shape",
+     lambda: ops.depthwise_conv2d(x, torch.randn(4, 2, 3, 3, device="cuda"), None, one, pad, one)),
+    ("weight [6,1,3,3]", "weight must have shape",
+     lambda: ops.depthwise_conv2d(x, torch.randn(6, 1, 3, 3, device="cuda"), None, one, pad, one)),
+    ("negative padding", "padding must be non-negative",
+     lambda: ops.depthwise_conv2d(x, w, None, one, [-1, 1], one)),
+    ("zero stride", "stride must be positive",
+     lambda: ops.depthwise_conv2d(x, w, None, [0, 1], pad, one)),
+    ("dtype mismatch", "does not match input dtype",
+     lambda: ops.depthwise_conv2d(x, w.half(), None, one, pad, one)),
+    ("bias shape", "bias must have shape",
+     lambda: ops.depthwise_conv2d(x, w, torch.randn(5, device="cuda"), one, pad, one)),
+    ("3-D input", "input must be 4-D",
+     lambda: ops.depthwise_conv2d(x[0], w, None, one, pad, one)),
+    ("bad impl", "impl must be",
+     lambda: ops.depthwise_conv2d(x, w, None, one, pad, one, 9)),
+    ("grad_output shape", "grad_output must have sizes",
+     lambda: ops.depthwise_conv2d_backward_input(g[:, :2], x, w, one, pad, one)),
+    ("grad_output shape (weight)", "grad_output must have sizes",
+     lambda: ops.depthwise_conv2d_backward_weight(g[:1], x, w, one, pad, one, True)),
+]
+failed = 0
+for name, text, fn in cases:
+    try:
+        fn()
+        torch.cuda.synchronize()
+    except RuntimeError as exc:
+        msg = str(exc)
+        if text in msg:
+            print(f"ok: {name}: RuntimeError", flush=True)
+        else:
+            failed += 1
+            print(f"WRONG MESSAGE: {name}: {msg.splitlines()[0] if msg else msg!r}", flush=True)
+    else:
+        failed += 1
+        print(f"NO ERROR: {name}", flush=True)
+sys.exit(1 if failed else 0)
+"""
+
+
+# A C++ exception raised by torch itself (no cudadoctor_ops code on the stack), before and after
+# the extension is loaded: tells a crash of the process-wide unwinding (the loaded shared object's
+# unwind data) apart from one in the op's own code path.
+_TORCH_ERROR_SCRIPT = r"""
+import sys
+import torch
+if sys.argv[1] == "with_ops":
+    import cudadoctor_ops  # noqa: F401
+try:
+    torch.empty(2, device="cuda").view(3)
+except RuntimeError as exc:
+    print("ok: torch RuntimeError:", str(exc).splitlines()[0], flush=True)
+"""
+
+
+def _run_child(code: str, *args: str):
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    pkg_parent = str(pathlib.Path(cudadoctor_ops.__file__).resolve().parents[1])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = pkg_parent + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-X", "faulthandler", "-c", code, *args],
+                          capture_output=True, text=True, timeout=300, env=env)
+    report = f"rc={proc.returncode}\nstdout:\n{proc.stdout}\nstderr (tail):\n{proc.stderr[-3000:]}"
+    return proc, report
+
+
+@pytest.mark.parametrize("mode", ["without_ops", "with_ops"])
+def test_torch_cpp_exception_survives_in_subprocess(mode):
+    proc, report = _run_child(_TORCH_ERROR_SCRIPT, mode)
+    assert proc.returncode >= 0, f"child killed by signal {-proc.returncode} ({mode}):\n{report}"
+    assert proc.returncode == 0 and "ok: torch RuntimeError" in proc.stdout, report
+
+
+def test_compiled_op_bad_arguments_raise_runtime_error_in_subprocess():
+    proc, report = _run_child(_RAW_OP_ERRORS_SCRIPT)
+    assert proc.returncode >= 0, f"child killed by signal {-proc.returncode}:\n{report}"
+    assert proc.returncode == 0, report
+    assert proc.stdout.count("ok: ") == 10, report
