@@ -326,7 +326,8 @@ def bench_rows(args, timer, copy_tbps):
 def sanitize_exercise() -> int:
     """Runs every kernel variant once on small shapes (for compute-sanitizer); returns the count.
 
-    Fast paths (k 3/5/7, stride 1/2, float32/float16/bfloat16, NCHW and channels_last) and the
+    Fast paths (k 3/5/7, stride 1/2, float32/float16/bfloat16, NCHW and channels_last; forward
+    on both the current and the previous, "tiled_v1", kernels) and the
     direct kernels (dilation, multiplier, even kernel, wide padding), forward and backward, each
     checked against F.conv2d in float64; raises AssertionError on a mismatch.
     """
@@ -373,10 +374,13 @@ def sanitize_exercise() -> int:
             x = x.contiguous(memory_format=torch.channels_last)
         wt = torch.randn(c, 1, k, k, device="cuda", generator=gen).to(dtype)
         b = torch.randn(c, device="cuda", generator=gen).to(dtype)
-        out = depthwise_conv2d(x, wt, b, s, k // 2)
         ref = F.conv2d(x.cpu().double(), wt.cpu().double(), b.cpu().double(), s, k // 2, 1, c)
-        err = (out.cpu().double() - ref).abs().max().item() / max(ref.abs().max().item(), 1e-6)
-        assert err <= tol[dtype], f"depthwise forward mismatch {err:.2e}: {(n, c, h, w)} k{k} s{s}"
+        for impl in ("auto", "tiled_v1"):
+            out = depthwise_conv2d(x, wt, b, s, k // 2, impl=impl)
+            err = (out.cpu().double() - ref).abs().max().item() / max(ref.abs().max().item(), 1e-6)
+            assert err <= tol[dtype], (
+                f"depthwise forward ({impl}) mismatch {err:.2e}: {(n, c, h, w)} k{k} s{s}"
+            )
 
     for k in (3, 5, 7):
         for s in (1, 2):
