@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks of the operator package (opsrc/) on a CUDA machine: build, tests, compute-sanitizer,
-# benchmarks. Logs go to $OUT (default ./gpu-check-out) as flat files; a closing table goes to
+# benchmarks. Logs go to $OUT (default: a new /tmp/gpu-check.* dir) as flat files; a closing table goes to
 # stdout.
 #
 #   scripts/gpu-check.sh [SECTION...]      default: build tests sanitizer bench
@@ -25,7 +25,7 @@ set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 PY="${PYTHON:-python3}"
-OUT="${OUT:-$REPO/gpu-check-out}"
+OUT="${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")}"
 mkdir -p "$OUT"
 export PYTHONPATH="$REPO/opsrc${PYTHONPATH:+:$PYTHONPATH}"
 export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
