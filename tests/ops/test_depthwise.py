@@ -492,25 +492,60 @@ def test_torch_cpp_exception_survives_in_subprocess(mode):
     assert proc.returncode == 0 and "ok: torch RuntimeError" in proc.stdout, report
 
 
-def _unwind_facts() -> str:
-    """Facts about the extension's unwind data, for the message of a crash during unwinding.
+_CXX_RUNTIME_SYMBOLS = ("__cxa_throw", "__gxx_personality_v0", "_Unwind_RaiseException",
+                        "_Unwind_Find_FDE")
 
-    Whether the shared object has a PT_GNU_EH_FRAME segment (the lookup table the unwinder finds
-    through dl_iterate_phdr) and whether it refers to __register_frame_info (a crtbegin that
-    registers its .eh_frame with the unwinder instead), plus the libstdc++/libgcc_s it loads.
-    """
+
+def _extension_so():
     import pathlib
+
+    found = sorted(pathlib.Path(cudadoctor_ops.__file__).parent.glob("_C*.so"))
+    return found[0] if found else None
+
+
+def _elf_facts(path) -> tuple[bool, list[str]]:
+    """(has a PT_GNU_EH_FRAME segment, C++ runtime symbols the object itself defines).
+
+    An extension linked with its own copy of libstdc++/libgcc (static runtime) defines
+    __cxa_throw / __gxx_personality_v0 / the unwinder; exceptions then cross two C++ runtimes
+    (torch's throws, the extension's frames are unwound by another copy), which ends the process
+    instead of raising.
+    """
     import struct
 
-    so = next(iter(sorted(pathlib.Path(cudadoctor_ops.__file__).parent.glob("_C*.so"))), None)
-    if so is None:
-        return "extension shared object not found"
-    data = so.read_bytes()
+    data = path.read_bytes()
     phoff = struct.unpack_from("<Q", data, 0x20)[0]
     phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
     types = {struct.unpack_from("<I", data, phoff + i * phentsize)[0] for i in range(phnum)}
-    facts = [f"{so.name}: PT_GNU_EH_FRAME {'present' if 0x6474E550 in types else 'MISSING'}",
-             f"refers to __register_frame_info: {b'__register_frame_info' in data}"]
+    shoff = struct.unpack_from("<Q", data, 0x28)[0]
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    secs = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    wanted = {n.encode() for n in _CXX_RUNTIME_SYMBOLS}
+    defined = set()
+    for _name, typ, _flags, _addr, off, size, link, _info, _align, entsize in secs:
+        if typ != 11 or not entsize:  # SHT_DYNSYM
+            continue
+        stroff = secs[link][4]
+        for k in range(size // entsize):
+            st_name, _st_info, _st_other, st_shndx, _value, _size = struct.unpack_from(
+                "<IBBHQQ", data, off + k * entsize)
+            start = stroff + st_name
+            sym = data[start:data.index(b"\0", start)]
+            if sym in wanted and st_shndx != 0:
+                defined.add(sym.decode())
+    return 0x6474E550 in types, sorted(defined)
+
+
+def _unwind_facts() -> str:
+    """Facts about the extension's unwind data and C++ runtime, for the message of a crash."""
+    import pathlib
+
+    so = _extension_so()
+    if so is None:
+        return "extension shared object not found"
+    eh, defined = _elf_facts(so)
+    facts = [f"{so.name}: PT_GNU_EH_FRAME {'present' if eh else 'MISSING'}",
+             f"defines C++ runtime symbols: {defined or 'none'}"]
     try:
         maps = pathlib.Path("/proc/self/maps").read_text()
         libs = sorted({line.split()[-1] for line in maps.splitlines()
@@ -519,6 +554,22 @@ def _unwind_facts() -> str:
     except OSError:
         pass
     return "; ".join(facts)
+
+
+def test_extension_uses_the_process_cpp_runtime():
+    # A C++ exception from the ops must be unwound by the same libstdc++/libgcc_s that torch uses:
+    # the extension must import __cxa_throw, the personality routine and the unwinder, not carry
+    # copies of them (as a toolchain that links its runtime statically produces).
+    so = _extension_so()
+    if so is None:
+        pytest.skip("no _C*.so next to cudadoctor_ops (installed differently)")
+    eh, defined = _elf_facts(so)
+    assert eh, f"{so} has no PT_GNU_EH_FRAME segment: the unwinder cannot find its frames"
+    assert not defined, (
+        f"{so} defines its own C++ runtime symbols {defined}: it was linked with a static "
+        "libstdc++/libgcc (check the host compiler's link: CUDAHOSTCXX / CXX, -static-libstdc++, "
+        "-static-libgcc), so exceptions raised through it crash the process"
+    )
 
 
 def test_compiled_op_bad_arguments_raise_runtime_error_in_subprocess():
