@@ -1078,7 +1078,8 @@ void conv_bn_relu_update_stats_cuda(const std::optional<at::Tensor>& running_mea
 std::atomic<bool> g_cudnn_relu_failed{false};
 
 // Inference: relu(conv(input, weight) + bias), one cuDNN launch where it can (impl 0), else the
-// convolution and one in-place bias + ReLU epilogue (impl 1, and always for float64).
+// convolution and one in-place bias + ReLU epilogue (impl 1, and whenever cuDNN's fused engine
+// does not apply).
 at::Tensor conv_bias_relu_cuda(const at::Tensor& input, const at::Tensor& weight,
                                const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
                                at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
@@ -1100,8 +1101,13 @@ at::Tensor conv_bias_relu_cuda(const at::Tensor& input, const at::Tensor& weight
   c10::cuda::CUDAGuard guard(input.device());
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKeySet(c10::DispatchKey::AutocastCUDA));
   const auto st = input.scalar_type();
-  if (impl == 0 && st != at::kDouble && at::globalContext().userEnabledCuDNN() &&
-      !use_depthwise(input, weight, groups) && !g_cudnn_relu_failed.load()) {
+  // cuDNN's fused conv+bias+ReLU engines: plain convolutions with tensor-core friendly channel
+  // counts only; everything else (grouped, depthwise, odd channel counts, float64) takes the
+  // epilogue path
+  const bool cudnn_fusable = st != at::kDouble && groups == 1 && input.size(1) % 8 == 0 &&
+                             weight.size(0) % 8 == 0;
+  if (impl == 0 && cudnn_fusable && at::globalContext().userEnabledCuDNN() &&
+      !g_cudnn_relu_failed.load()) {
     try {
       std::optional<at::Tensor> b;
       if (has_bias) b = bias->scalar_type() == st ? *bias : bias->to(st);
