@@ -181,6 +181,58 @@ def _check_args(input, conv_weight, bn_weight, running_mean, running_var, traini
         )
 
 
+_LOW = (torch.float16, torch.bfloat16)
+
+
+def _check_tensors(input, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding,
+                   dilation, groups, training) -> None:
+    """The checks of the kernels (conv_bn_relu.cu), done in Python before the call so that bad
+    arguments never depend on a C++ exception crossing the extension boundary."""
+    op = "conv_bn_relu"
+    if input.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        raise ValueError(f"{op}: input must be float32, float16, bfloat16 or float64, got {input.dtype}")
+    if conv_weight.device != input.device:
+        raise ValueError(f"{op}: conv_weight is on {conv_weight.device} but input is on {input.device}; "
+                         "move both to the same device")
+    if conv_weight.dtype != input.dtype:
+        raise ValueError(f"{op}: conv_weight has dtype {conv_weight.dtype} but input has dtype {input.dtype}; "
+                         "they must match")
+    c_in, c_out = input.shape[1], conv_weight.shape[0]
+    if c_out % groups or conv_weight.shape[1] * groups != c_in:
+        raise ValueError(f"{op}: conv_weight must have shape [C_out, C_in / groups, kh, kw] with C_in = {c_in} "
+                         f"and groups = {groups}, got {list(conv_weight.shape)}")
+    if min(stride) < 1 or min(dilation) < 1 or min(padding) < 0:
+        raise ValueError(f"{op}: stride and dilation must be positive and padding >= 0, got stride {stride}, "
+                         f"padding {padding}, dilation {dilation}")
+    if conv_bias is not None and (conv_bias.shape != (c_out,) or conv_bias.dtype != input.dtype
+                                  or conv_bias.device != input.device):
+        raise ValueError(f"{op}: conv_bias must be a [{c_out}] tensor of the input's dtype and device, got "
+                         f"{list(conv_bias.shape)} {conv_bias.dtype} on {conv_bias.device}")
+    for t, name in ((bn_weight, "bn_weight"), (bn_bias, "bn_bias"), (running_mean, "running_mean"),
+                    (running_var, "running_var")):
+        if t is None:
+            continue
+        if not isinstance(t, Tensor):
+            raise ValueError(f"{op}: {name} must be a tensor or None, got {type(t).__name__}")
+        if t.device != input.device:
+            raise ValueError(f"{op}: {name} is on {t.device} but input is on {input.device}")
+        if t.dim() != 1 or t.shape[0] != c_out:
+            raise ValueError(f"{op}: {name} must have shape [{c_out}] (one value per output channel of the "
+                             f"convolution), got {list(t.shape)}")
+        if t.dtype != input.dtype and not (input.dtype in _LOW and t.dtype == torch.float32):
+            extra = " or float32" if input.dtype in _LOW else ""
+            raise ValueError(f"{op}: {name} has dtype {t.dtype} but input has dtype {input.dtype}; it must have "
+                             f"the input's dtype{extra}")
+    if training:
+        n, _, h, w = input.shape
+        kh, kw = conv_weight.shape[2], conv_weight.shape[3]
+        ho = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+        wo = (w + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+        if n * max(ho, 0) * max(wo, 0) == 1:
+            raise ValueError(f"{op}: expected more than 1 value per channel when training, got conv output size "
+                             f"{[n, c_out, ho, wo]}")
+
+
 def _reference(input, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, training,
                momentum, eps, stride, padding, dilation, groups) -> Tensor:
     y = F.conv2d(input, conv_weight, conv_bias, stride, padding, dilation, groups)
@@ -240,6 +292,8 @@ def conv_bn_relu(
     """
     _check_args(input, conv_weight, bn_weight, running_mean, running_var, training, momentum, eps, groups)
     stride_, padding_, dilation_ = _pair(stride, "stride"), _pair(padding, "padding"), _pair(dilation, "dilation")
+    _check_tensors(input, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride_, padding_,
+                   dilation_, groups, training)
     if input.device.type not in _DEVICES:
         return _reference(input, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, training,
                           momentum, eps, stride_, padding_, dilation_, groups)
@@ -354,6 +408,12 @@ def _cbr_forward(conv: nn.Conv2d, bn: nn.BatchNorm2d, cache: _FoldCache, input: 
         if use_batch_stats:
             weight = weight.to(ac)
             bias = None if bias is None else bias.to(ac)
+    elif input.dtype != weight.dtype or input.device != weight.device:
+        # what F.conv2d would refuse; refused here, before any kernel sees it
+        raise ValueError(
+            f"conv_bn_relu: input ({input.dtype} on {input.device}) and the conv weight ({weight.dtype} on "
+            f"{weight.device}) must have the same dtype and device"
+        )
     if use_batch_stats:
         if training and bn.track_running_stats:
             nbt = bb.get("num_batches_tracked")

@@ -337,19 +337,35 @@ def test_torch_compile_fullgraph(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_bad_arguments_give_clear_errors(device):
+    # checked in Python before the op is called (a C++ exception never has to cross the extension)
     x, conv, bn = _make(CASES[0], torch.float32, "nchw", device)
-    with pytest.raises(RuntimeError, match="bn_weight must have shape"):
-        conv_bn_relu(x, conv.weight, None, bn.weight[:3], bn.bias, None, None, True, 0.1, 1e-5, 1, 1, 1, 1)
-    with pytest.raises(RuntimeError, match="conv_weight has dtype"):
-        conv_bn_relu(x, conv.weight.half(), None, bn.weight, bn.bias, None, None, True, 0.1, 1e-5, 1, 1, 1, 1)
-    with pytest.raises(RuntimeError, match="conv_weight must have shape"):
-        conv_bn_relu(x, conv.weight[:, :3], None, bn.weight, bn.bias, None, None, True, 0.1, 1e-5, 1, 1, 1, 1)
+    w, g, b = conv.weight, bn.weight, bn.bias
+
+    def call(*args, **kw):
+        base = dict(training=True, momentum=0.1, eps=1e-5, stride=1, padding=1, dilation=1, groups=1)
+        base.update(kw)
+        return conv_bn_relu(*args, **base)
+
+    with pytest.raises(ValueError, match="bn_weight must have shape"):
+        call(x, w, None, g[:3], b)
+    with pytest.raises(ValueError, match="conv_weight has dtype"):
+        call(x, w.double(), None, g, b)
+    with pytest.raises(ValueError, match="conv_weight must have shape"):
+        call(x, w[:, :3], None, g, b)
+    with pytest.raises(ValueError, match="conv_bias must be"):
+        call(x, w, torch.zeros(3, device=device), g, b)
+    with pytest.raises(ValueError, match="running_mean must have shape"):
+        call(x, w, None, g, b, torch.zeros(3, device=device), torch.ones(3, device=device))
     with pytest.raises(ValueError, match="running_mean and running_var must be given"):
-        conv_bn_relu(x, conv.weight, None, bn.weight, bn.bias, None, None, False, 0.1, 1e-5, 1, 1, 1, 1)
+        call(x, w, None, g, b, training=False)
     with pytest.raises(ValueError, match="input must be a 4-D tensor"):
-        conv_bn_relu(x[0], conv.weight, None, bn.weight, bn.bias, None, None, True, 0.1, 1e-5, 1, 1, 1, 1)
-    with pytest.raises(RuntimeError, match="more than 1 value per channel"):
-        conv_bn_relu(x[:1, :, :3, :3], conv.weight, None, bn.weight, bn.bias, None, None, True, 0.1, 1e-5, 1, 0, 1, 1)
+        call(x[0], w, None, g, b)
+    with pytest.raises(ValueError, match="padding"):
+        call(x, w, None, g, b, padding=-1)
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        call(x[:1, :, :3, :3], w, None, g, b, padding=0)
+    with pytest.raises(ValueError, match="eval_impl"):
+        call(x, w, None, g, b, eval_impl="fast")
 
 
 @pytest.mark.parametrize("device", DEVICES)
