@@ -602,3 +602,32 @@ def test_fuse_torchvision_blocks_on_cpu(tv_resnet):
         assert torch.allclose(model(x), ref(x), atol=1e-5)
     for (k, v), (k2, v2) in zip(model.state_dict().items(), ref.state_dict().items()):
         assert k == k2 and torch.allclose(v.float(), v2.float(), atol=1e-6), k
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "bn_kwargs",
+    [dict(affine=False), dict(track_running_stats=False), dict(momentum=None)],
+    ids=["no-affine", "no-running-stats", "cumulative-average"],
+)
+def test_batchnorm_variants_match_torch(device, bn_kwargs):
+    torch.manual_seed(3)
+    fused = ConvBNReLU2d(6, 8, 3, padding=1, **bn_kwargs).to(device)
+    ref = nn.Sequential(copy.deepcopy(fused.conv), copy.deepcopy(fused.bn), nn.ReLU())
+    for step in range(3):
+        x = torch.randn(4, 6, 7, 9, device=device)
+        xo, xr = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+        out, out_r = fused(xo), ref(xr)
+        assert _rel_err(out, out_r) <= TOL[torch.float32], step
+        gy = torch.randn_like(out)
+        out.backward(gy)
+        out_r.backward(gy)
+        assert _rel_err(xo.grad, xr.grad) <= 4 * TOL[torch.float32], step
+    for (k, v), (k2, v2) in zip(fused.state_dict().items(), ref.state_dict().items()):
+        assert k.split(".", 1)[1] == k2.split(".", 1)[1]
+        assert _rel_err(v.float(), v2.float()) <= 1e-5, k
+    fused.eval()
+    ref.eval()
+    with torch.no_grad():
+        x = torch.randn(2, 6, 7, 9, device=device)
+        assert _rel_err(fused(x), ref(x)) <= 2 * TOL[torch.float32]
