@@ -697,7 +697,7 @@ def fuse_conv_bn_relu(model: nn.Module, eval_impl: str = "auto") -> nn.Module:
     return model
 
 
-def sanitize_exercise(quick: bool = False) -> int:
+def sanitize_exercise(quick: bool = False, device: str = "cuda") -> int:
     """Runs every kernel path once on small shapes (``python -m cudadoctor_ops.sanitize
     conv_bn_relu`` under compute-sanitizer); returns the number of fused calls. quick: float32 and
     float16 only."""
@@ -708,15 +708,15 @@ def sanitize_exercise(quick: bool = False) -> int:
     for n, ci, h, w, co, g in cases:
         for dtype in dtypes:
             for layout in ("nchw", "channels_last"):
-                x = torch.randn(n, ci, h, w, device="cuda", dtype=dtype)
+                x = torch.randn(n, ci, h, w, device=device, dtype=dtype)
                 if layout == "channels_last":
                     x = x.contiguous(memory_format=torch.channels_last)
                 pdt = torch.float64 if dtype == torch.float64 else torch.float32
-                cw = (torch.randn(co, ci // g, 3, 3, device="cuda", dtype=dtype) * 0.3).requires_grad_(True)
-                gw = (torch.rand(co, device="cuda", dtype=pdt) + 0.5).requires_grad_(True)
-                gb = torch.randn(co, device="cuda", dtype=pdt).requires_grad_(True)
-                rm = torch.zeros(co, device="cuda", dtype=pdt)
-                rv = torch.ones(co, device="cuda", dtype=pdt)
+                cw = (torch.randn(co, ci // g, 3, 3, device=device, dtype=dtype) * 0.3).requires_grad_(True)
+                gw = (torch.rand(co, device=device, dtype=pdt) + 0.5).requires_grad_(True)
+                gb = torch.randn(co, device=device, dtype=pdt).requires_grad_(True)
+                rm = torch.zeros(co, device=device, dtype=pdt)
+                rv = torch.ones(co, device=device, dtype=pdt)
                 xg = x.detach().requires_grad_(True)
                 y = conv_bn_relu(xg, cw, None, gw, gb, rm, rv, True, 0.1, 1e-5, 1, 1, 1, g)
                 y.backward(torch.randn_like(y))
