@@ -5,7 +5,7 @@
 #   scripts/gpu-build-check.sh [SECTION...]     default: local rebuild baseline nocompress tests
 #
 # Sections (each fits in a few minutes on 16 cores; run them in several calls if needed — the
-# work folders persist under build/gpu-build-check/, which git ignores):
+# work folders and timings persist under build/gpu-build-check/<source>-<archs>/, which git ignores):
 #   local       cold `cudadoctor build opsrc --backend local --arch $ARCHS` (compiler cache off)
 #   rebuild     the same command again, nothing changed (up to date: no compiler), then with --force
 #               (the doctor and pip run again in the same work folder) (needs `local` first)
@@ -26,7 +26,8 @@ OUT="${OUT:-$REPO/gpu-build-out}"
 ARCHS="${ARCHS:-8.0,8.6,8.9,9.0}"
 SOURCE="${SOURCE:-opsrc}"
 ARCH_LIST="${ARCHS//,/;}"
-STATE="$REPO/build/gpu-build-check"
+ARCH_KEY="${ARCHS//[^0-9A-Za-z]/_}"
+STATE="$REPO/build/gpu-build-check/$(basename "$SOURCE")-$ARCH_KEY"
 mkdir -p "$OUT" "$STATE"
 SUMMARY="$OUT/summary.txt"
 touch "$SUMMARY"

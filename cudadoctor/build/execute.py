@@ -146,7 +146,14 @@ def _file_id(path: str | None) -> list | None:
 def fingerprint(plan: P.BuildPlan, src_hash: str) -> dict:
     """Everything a wheel depends on: the plan, the source, and (local backend) the toolchain here."""
     d = plan.to_dict()
-    d.pop("out", None)
+    # where the wheel goes and how many jobs/threads compile it do not change the wheel
+    for key in ("out", "jobs", "nvcc_threads"):
+        d.pop(key, None)
+    d["env"] = {k: v for k, v in d["env"].items() if k != "MAX_JOBS"}
+    strip = lambda flags: [f for f in flags if not f.startswith("--threads")]  # noqa: E731
+    if "NVCC_APPEND_FLAGS" in d["env"]:
+        d["env"]["NVCC_APPEND_FLAGS"] = " ".join(strip(d["env"]["NVCC_APPEND_FLAGS"].split()))
+    d["nvcc_flags"] = strip(d["nvcc_flags"])
     fp = {"plan": d, "source_hash": src_hash}
     if plan.backend == "local":
         from importlib import metadata

@@ -154,6 +154,14 @@ def test_ctrl_c_removes_the_build_container(base_image, client, tmp_path):
             break
         time.sleep(0.5)
     assert seen, "the build container never ran: " + (proc.stderr.read() if proc.poll() is not None else "")
+    # how the build container runs: the invoking uid:gid, unprivileged, no network, source read-only
+    attrs = client.api.inspect_container(seen[0].id)
+    hc = attrs["HostConfig"]
+    assert attrs["Config"]["User"] == f"{os.getuid()}:{os.getgid()}"
+    assert hc["Privileged"] is False and hc["NetworkMode"] == "none"
+    mounts = {m["Target"]: m for m in hc["Mounts"]}
+    assert mounts["/src"]["ReadOnly"] is True and mounts["/src"]["Source"] == str(FIX / "ext_min")
+    assert mounts["/build"]["ReadOnly"] is False
     time.sleep(3)  # let the compile start
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)

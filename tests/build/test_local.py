@@ -144,3 +144,16 @@ def test_local_build_of_fixture(tmp_path):
     changed = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
     assert changed.returncode == 0, changed.stderr[-3000:]
     assert "up to date" not in changed.stderr and "1 file(s) changed" in changed.stderr
+
+
+def test_fingerprint_ignores_jobs_and_output_folder(tmp_path):
+    from cudadoctor.build.execute import fingerprint
+
+    a = P.make_plan(P.TargetSpec(arch="8.6,8.9"), source="/s", out="/o1", backend="local", cores=2, mem_gib=20)
+    b = P.make_plan(P.TargetSpec(arch="8.6,8.9"), source="/s", out="/o2", backend="local", cores=16, mem_gib=3)
+    assert dict(a.env)["MAX_JOBS"] != dict(b.env)["MAX_JOBS"]
+    assert fingerprint(a, "h") == fingerprint(b, "h")
+    c = P.make_plan(P.TargetSpec(arch="8.6"), source="/s", out="/o1", backend="local")
+    d = P.make_plan(P.TargetSpec(arch="8.6,8.9"), source="/s", out="/o1", backend="local", compress=False)
+    assert len({repr(fingerprint(x, "h")) for x in (a, c, d)}) == 3
+    assert fingerprint(a, "h") != fingerprint(a, "other source")
