@@ -55,6 +55,18 @@ def client(env: dict | None = None):
     return c
 
 
+def extra_labels(env: dict | None = None) -> dict[str, str]:
+    """CUDADOCTOR_CONTAINER_LABELS="ci.job=123,team=ops": more labels on every container (to find
+    a CI job's containers)."""
+    text = (os.environ if env is None else env).get("CUDADOCTOR_CONTAINER_LABELS") or ""
+    out: dict[str, str] = {}
+    for part in text.split(","):
+        key, sep, value = part.strip().partition("=")
+        if key and sep:
+            out[key] = value
+    return out
+
+
 def new_run_id() -> str:
     return uuid.uuid4().hex[:12]
 
@@ -92,7 +104,7 @@ class Container:
         self.name = f"cudadoctor-{role}-{run_id}"
 
     def __enter__(self) -> "Container":
-        labels = {LABEL: self.role, RUN_LABEL: self.run_id, **self.kwargs.pop("labels", {})}
+        labels = {LABEL: self.role, RUN_LABEL: self.run_id, **extra_labels(), **self.kwargs.pop("labels", {})}
         self.container = self.client.containers.create(
             self.image, self.command, name=self.name, labels=labels, detach=True, **self.kwargs
         )

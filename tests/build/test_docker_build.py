@@ -61,13 +61,24 @@ def client():
     return docker.from_env(timeout=60)
 
 
+# Every container a test's builds create carries this label, so the checks below see only this
+# session's containers, not those of other builds on the same daemon.
+SESSION = f"pytest-{os.getpid()}-{int(time.time())}"
+
+
 def labelled(client) -> list:
-    return client.containers.list(all=True, filters={"label": [LABEL]})
+    return client.containers.list(all=True, filters={"label": [LABEL, f"org.cudadoctor.test={SESSION}"]})
+
+
+def test_env() -> dict:
+    env = dict(os.environ)
+    env.pop("CUDADOCTOR_KEEP_CONTAINER", None)
+    env["CUDADOCTOR_CONTAINER_LABELS"] = f"org.cudadoctor.test={SESSION}"
+    return env
 
 
 def cli(*args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env.pop("CUDADOCTOR_KEEP_CONTAINER", None)
+    env = test_env()
     return subprocess.run([sys.executable, "-m", "cudadoctor", "build", *args], capture_output=True, text=True,
                           env=env, timeout=timeout, cwd=ROOT)
 
@@ -139,31 +150,33 @@ def test_uncompilable_source_shows_compiler_error_and_keeps_log(base_image, clie
 
 
 def test_ctrl_c_removes_the_build_container(base_image, client, tmp_path):
-    env = dict(os.environ)
-    env.pop("CUDADOCTOR_KEEP_CONTAINER", None)
+    env = test_env()
     proc = subprocess.Popen(
         [sys.executable, "-m", "cudadoctor", "build", str(FIX / "ext_min"), "--arch", "8.6", "--toolkit", "pip",
          "--base-image", base_image, "--out", str(tmp_path / "dist"), "--work-dir", str(tmp_path / "work")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
     )
-    seen = []
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and proc.poll() is None:
-        seen = [c for c in labelled(client) if c.labels.get(LABEL) == "build" and c.status == "running"]
-        if seen:
-            break
-        time.sleep(0.5)
-    assert seen, "the build container never ran: " + (proc.stderr.read() if proc.poll() is not None else "")
-    # how the build container runs: the invoking uid:gid, unprivileged, no network, source read-only
-    attrs = client.api.inspect_container(seen[0].id)
-    hc = attrs["HostConfig"]
-    assert attrs["Config"]["User"] == f"{os.getuid()}:{os.getgid()}"
-    assert hc["Privileged"] is False and hc["NetworkMode"] == "none"
-    mounts = {m["Target"]: m for m in hc["Mounts"]}
-    assert mounts["/src"]["ReadOnly"] is True and mounts["/src"]["Source"] == str(FIX / "ext_min")
-    assert mounts["/build"]["ReadOnly"] is False
-    time.sleep(3)  # let the compile start
-    proc.send_signal(signal.SIGINT)
+    try:
+        seen = []
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and proc.poll() is None:
+            seen = [c for c in labelled(client) if c.labels.get(LABEL) == "build" and c.status == "running"]
+            if seen:
+                break
+            time.sleep(0.5)
+        assert seen, "the build container never ran: " + (proc.stderr.read() if proc.poll() is not None else "")
+        # how the build container runs: the invoking uid:gid, unprivileged, no network, source read-only
+        attrs = client.api.inspect_container(seen[0].id)
+        hc = attrs["HostConfig"]
+        assert attrs["Config"]["User"] == f"{os.getuid()}:{os.getgid()}"
+        assert hc["Privileged"] is False and hc["NetworkMode"] == "none"
+        mounts = {m["Target"]: m for m in hc["Mounts"]}
+        assert mounts["/src"].get("ReadOnly") is True and mounts["/src"]["Source"] == str(FIX / "ext_min")
+        assert not mounts["/build"].get("ReadOnly", False)
+        time.sleep(3)  # let the compile start
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]
     assert "interrupted" in err and "Traceback" not in err
@@ -174,8 +187,7 @@ def test_ctrl_c_removes_the_build_container(base_image, client, tmp_path):
 def test_copy_transfer_for_remote_daemons(base_image, client, tmp_path):
     """With a remote daemon (DOCKER_HOST tcp:// or ssh://) nothing is bind-mounted: the source goes in
     and the wheel comes out as tar archives. Forced here against the local daemon."""
-    env = dict(os.environ, CUDADOCTOR_DOCKER_TRANSFER="copy")
-    env.pop("CUDADOCTOR_KEEP_CONTAINER", None)
+    env = dict(test_env(), CUDADOCTOR_DOCKER_TRANSFER="copy")
     out = tmp_path / "dist"
     r = subprocess.run(
         [sys.executable, "-m", "cudadoctor", "build", str(FIX / "ext_min"), "--arch", "8.9", "--toolkit", "pip",
@@ -242,7 +254,8 @@ def test_ci_image_runs_check(base_image, client, tmp_path):
         log = "".join(str(x.get("stream", x)) for x in getattr(exc, "build_log", []) or [])
         pytest.fail(f"CI image build failed: {exc}\n{log[-3000:]}")
     try:
-        out = client.containers.run(tag, remove=True, stdout=True, stderr=True, labels={LABEL: "test"})
+        out = client.containers.run(tag, remove=True, stdout=True, stderr=True,
+                                    labels={LABEL: "test", "org.cudadoctor.test": SESSION})
     except Exception as exc:  # noqa: BLE001 - exit 1 (an error finding: no GPU here) is expected
         out = getattr(exc, "stderr", b"") or str(exc).encode()
         assert getattr(exc, "exit_status", None) == 1, exc
