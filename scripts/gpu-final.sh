@@ -29,7 +29,8 @@ nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader >"$
 leaks_runtime() {  # leaks_runtime CXX -> 0 when a tiny shared object defines __cxa_throw itself
   printf 'void f(){throw 1;}\n' >"$L/rt.cpp"
   "$1" -shared -fPIC "$L/rt.cpp" -o "$L/rt.so" 2>/dev/null || return 2
-  nm -D --defined-only "$L/rt.so" 2>/dev/null | grep -q '__cxa_throw'
+  # (no grep -q: with pipefail, nm's SIGPIPE would turn a match into a failure)
+  nm -D --defined-only "$L/rt.so" 2>/dev/null | grep '__cxa_throw' >/dev/null
 }
 cxx_default="${CXX:-$(command -v g++ || command -v c++)}"
 {
