@@ -70,7 +70,7 @@ def labelled(client) -> list:
     return client.containers.list(all=True, filters={"label": [LABEL, f"org.cudadoctor.test={SESSION}"]})
 
 
-def test_env() -> dict:
+def session_env() -> dict:
     env = dict(os.environ)
     env.pop("CUDADOCTOR_KEEP_CONTAINER", None)
     env["CUDADOCTOR_CONTAINER_LABELS"] = f"org.cudadoctor.test={SESSION}"
@@ -78,7 +78,7 @@ def test_env() -> dict:
 
 
 def cli(*args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
-    env = test_env()
+    env = session_env()
     return subprocess.run([sys.executable, "-m", "cudadoctor", "build", *args], capture_output=True, text=True,
                           env=env, timeout=timeout, cwd=ROOT)
 
@@ -150,7 +150,7 @@ def test_uncompilable_source_shows_compiler_error_and_keeps_log(base_image, clie
 
 
 def test_ctrl_c_removes_the_build_container(base_image, client, tmp_path):
-    env = test_env()
+    env = session_env()
     proc = subprocess.Popen(
         [sys.executable, "-m", "cudadoctor", "build", str(FIX / "ext_min"), "--arch", "8.6", "--toolkit", "pip",
          "--base-image", base_image, "--out", str(tmp_path / "dist"), "--work-dir", str(tmp_path / "work")],
@@ -187,7 +187,7 @@ def test_ctrl_c_removes_the_build_container(base_image, client, tmp_path):
 def test_copy_transfer_for_remote_daemons(base_image, client, tmp_path):
     """With a remote daemon (DOCKER_HOST tcp:// or ssh://) nothing is bind-mounted: the source goes in
     and the wheel comes out as tar archives. Forced here against the local daemon."""
-    env = dict(test_env(), CUDADOCTOR_DOCKER_TRANSFER="copy")
+    env = dict(session_env(), CUDADOCTOR_DOCKER_TRANSFER="copy")
     out = tmp_path / "dist"
     r = subprocess.run(
         [sys.executable, "-m", "cudadoctor", "build", str(FIX / "ext_min"), "--arch", "8.9", "--toolkit", "pip",
