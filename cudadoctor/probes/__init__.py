@@ -16,7 +16,10 @@ Fields beyond docs/facts-v1.md (all optional for readers):
               nvcc_error, targets (nvcc --list-gpu-arch), version_file, include_dirs,
               headers_missing, headers_elsewhere {header: [paths]}; on the toolkit torch would use:
               build_include_path and headers_unresolved (missing on that whole include path)
-  host_compiler  via, version_line, nvcc_ccbin (when CC is set), skipped
+  host_compiler  via, version_line, nvcc_ccbin (when CC is set), skipped; C++ runtime: shared_libstdcxx,
+              static_libstdcxx, links_static_libstdcxx, wrapper_of (also on nvcc_ccbin and link_compiler,
+              CXX when CUDAHOSTCXX differs); candidates (other compilers, only when one links
+              libstdc++ statically); see probes/compiler.py
   torch       probe_mode ("core"/"full"), probe_stage, probe_seconds, path, include_dirs,
               cuda_include_dirs (torch's include dirs + the build toolkit's include path), lib_dir,
               library_paths (CUDA libraries the process mapped), device_count, devices
