@@ -7,6 +7,11 @@ memory-mapped, one at a time. A wheel built by cudadoctor carries a build manife
 level or under ``built_with``) fill the entry's ``built_with``. Without one, ``built_with.cuda``
 is the major version of the libcudart the object links, and ``cxx11_abi`` comes from the C++
 symbols it imports, when they tell.
+
+Each entry also lists ``needed`` (DT_NEEDED) and ``cxx_runtime_defined``: which of __cxa_throw,
+__gxx_personality_v0 and __cxa_begin_catch its dynamic symbol table defines. A torch extension that
+defines them carries its own C++ runtime (it was linked against libstdc++.a), and every exception
+thrown inside it (TORCH_CHECK) kills the process instead of reaching Python.
 """
 
 from __future__ import annotations
@@ -122,6 +127,7 @@ def entry_from_info(info: BinaryInfo, *, path: str | None = None, manifest: dict
         "compression": sorted(compression),
         "entries": sorted(groups.values(), key=lambda g: (g["kind"], arch_sort_key(g["arch"]))),
         "needed": info.needed,
+        "cxx_runtime_defined": info.cxx_runtime_defined,
         "built_with": _built_with(info, manifest),
         "load_error": None,
     }

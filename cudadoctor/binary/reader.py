@@ -17,6 +17,11 @@ from cudadoctor.binary.fatbin import FATBIN_MAGIC_BYTES, FatbinEntry, iter_conta
 FATBIN_SECTIONS = (".nv_fatbin", "__nv_relfatbin")
 _DT_NEEDED = 1
 _CUDART = re.compile(r"libcudart\.so\.(\d+)")
+# The C++ runtime's exception entry points. A shared object that defines them (linked with
+# -static-libstdc++, or by a compiler that has only libstdc++.a) throws with its own private copy of
+# the runtime, which the process's catch sites do not recognise.
+CXX_RUNTIME_SYMBOLS = ("__cxa_throw", "__gxx_personality_v0", "__cxa_begin_catch")
+_SHN_UNDEF = 0
 
 
 @dataclass
@@ -26,6 +31,7 @@ class BinaryInfo:
     entries: list[FatbinEntry] = field(default_factory=list)
     needed: list[str] = field(default_factory=list)  # DT_NEEDED of a shared object
     cxx11_abi: bool | None = None  # from the C++ symbols it imports, when they tell
+    cxx_runtime_defined: list[str] = field(default_factory=list)  # CXX_RUNTIME_SYMBOLS it defines (.dynsym)
 
     @property
     def sass(self) -> list[str]:
@@ -85,7 +91,40 @@ def read_buffer(buf, path: str) -> BinaryInfo:
         if dynamic is not None and dynamic.size:
             info.needed = _needed(buf, dynamic, bytes(strtab), elf.bits, elf.endian)
         info.cxx11_abi = _cxx11_abi(strtab)
+        dynsym = elf.section(".dynsym")
+        if dynsym is not None and dynsym.size:
+            info.cxx_runtime_defined = defined_symbols(buf, dynsym, bytes(strtab), elf.bits, elf.endian,
+                                                       CXX_RUNTIME_SYMBOLS)
     return info
+
+
+def defined_symbols(buf, dynsym, strtab: bytes, bits: int, e: str, names) -> list[str]:
+    """Which of ``names`` the symbol table ``dynsym`` defines (st_shndx != SHN_UNDEF), in the order
+    of ``names``. Only whole entries inside the section are read (parse_elf checked it lies in the file)."""
+    wanted: dict[int, str] = {}
+    for n in names:
+        # a string table may share tails ("x__cxa_throw" serving "__cxa_throw"), so every place the
+        # name ends with its NUL can be a symbol's st_name
+        for m in re.finditer(re.escape(n.encode("ascii")) + b"\0", strtab):
+            wanted[m.start()] = n
+    if not wanted:
+        return []
+    if bits == 64:
+        fmt, name_i, shndx_i = e + "IBBHQQ", 0, 3
+    else:
+        fmt, name_i, shndx_i = e + "IIIBBH", 0, 5
+    step = struct.calcsize(fmt)
+    count = dynsym.size // step
+    found: set[str] = set()
+    view = memoryview(buf)[dynsym.offset : dynsym.offset + count * step]
+    try:
+        for sym in struct.iter_unpack(fmt, view):
+            n = wanted.get(sym[name_i])
+            if n is not None and sym[shndx_i] != _SHN_UNDEF:
+                found.add(n)
+    finally:
+        view.release()
+    return [n for n in names if n in found]
 
 
 def _needed(buf, dynamic, strtab: bytes, bits: int, e: str) -> list[str]:

@@ -31,6 +31,8 @@ EXPECTED = {
     "libkern_sm87.so": ("shared-object", ["sm_87"], []),
     "sm100f_sm120_ptx100f_ptx90a.fatbin": ("fatbin", ["sm_100f", "sm_120"], ["compute_90a", "compute_100f"]),
     "lto86_rdc.o": ("object", [], []),
+    "libstatic_rt.so": ("shared-object", [], []),  # host-only (throw.cpp), for the C++ runtime check
+    "libshared_rt.so": ("shared-object", [], []),
 }
 
 
