@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable
 
 from cudadoctor.findings import SEVERITY_ORDER, Finding
 
-RULE_MODULES = ("driver", "platform", "torch", "toolkit", "arch", "extensions", "environment")
+RULE_MODULES = ("driver", "platform", "torch", "toolkit", "arch", "extensions", "environment", "cxx_runtime")
 
 
 @dataclass(frozen=True)
