@@ -120,6 +120,9 @@ def _summary(area: str, facts: dict, report: dict, verbose: bool) -> tuple[str, 
             for k in ("CUDAHOSTCXX", "CXX", "CC"):
                 if _g(facts, "env", k):
                     extra.append(f"{k}={_g(facts, 'env', k)}")
+            if hc.get("links_static_libstdcxx") is not None:  # which C++ runtime it links into extensions
+                extra.append(f"libstdc++: static only ({hc.get('static_libstdcxx')})" if hc.get("links_static_libstdcxx")
+                             else f"libstdc++: {hc.get('shared_libstdcxx')}")
         return line or "not probed", extra
     if area == "arch":
         cur = _g(facts, "env", "TORCH_CUDA_ARCH_LIST")

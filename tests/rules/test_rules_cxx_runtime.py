@@ -118,3 +118,17 @@ def test_extension_importing_the_runtime_is_fine(defined):
 
 def test_damaged_extension_entry_is_skipped():
     assert "EXT_STATIC_CXX_RUNTIME" not in ids(facts(extensions=[dict(EXT, error="truncated ELF file")]))
+
+
+def test_human_report_shows_them_under_host_compiler_and_extensions():
+    from cudadoctor.doctor import diagnose
+    from cudadoctor.render import human
+
+    f = facts(host_compiler=static_host(), env={"CXX": "/opt/gcc/bin/g++"}, extensions=[dict(EXT)])
+    out = human(diagnose(f), verbose=True, ascii_only=True)
+    comp = out.index("Host compiler:")
+    arch = out.index("Arch list:")
+    ext = out.index("Extensions:")
+    assert comp < out.index("[HOST_COMPILER_STATIC_LIBSTDCXX, #1]") < arch
+    assert ext < out.index("[EXT_STATIC_CXX_RUNTIME, #2]")
+    assert "libstdc++: static only (/opt/gcc/lib/gcc/x86_64-linux-gnu/13/libstdc++.a)" in out[comp:arch]
