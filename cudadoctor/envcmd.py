@@ -8,6 +8,9 @@
   and a pip-installed nvidia/*/include folder has them.
 - CUDAHOSTCXX: when the default g++ is newer than the nvcc accepts (data/host_compilers.toml)
   and an older g++-N is installed.
+- CXX, LDSHARED (and CC / CUDAHOSTCXX when they name the same compiler): when the compiler extensions
+  would be linked with has only libstdc++.a (a private C++ runtime in every extension: exceptions
+  thrown inside it crash the process) and another compiler here links libstdc++.so.
 - MAX_JOBS: min(cores, available memory / 3 GiB), since one nvcc job needs GBs.
 """
 
@@ -144,6 +147,34 @@ def host_compiler_fix(runner: Runner, env: Mapping[str, str], cuda: CudaVersion 
                   f"installed; install one (e.g. apt-get install g++-{limit}) and set CUDAHOSTCXX to it.")
 
 
+def cxx_runtime_fix(runner: Runner, env: Mapping[str, str], root: str = "/") -> tuple[list[EnvVar], str | None]:
+    """(CXX/LDSHARED/CC/CUDAHOSTCXX variables, note) when extensions would be linked by a compiler with
+    only libstdc++.a; the replacement is the best compiler the probe found with libstdc++.so."""
+    from cudadoctor.cxx_runtime import describe, fix_env, linking_static, shared_alternative
+    from cudadoctor.probes._fs import Root
+    from cudadoctor.probes.compiler import probe_host_compiler
+
+    hc = probe_host_compiler(runner, Root(root), env) or {}
+    bad = linking_static(hc, env)
+    if not bad:
+        return [], None
+    who = "; ".join(describe(c) for c in bad)
+    why = (f"{who} links libstdc++ statically (no libstdc++.so on its library path): every extension it links "
+           "carries its own C++ runtime, and an exception thrown inside one (TORCH_CHECK) crashes the process")
+    values = fix_env(hc, env)
+    alt = shared_alternative(hc)
+    if not values or alt is None:
+        return [], (why + "; no other compiler with the shared libstdc++ was found: install one "
+                    "(apt-get install g++) and set CXX and LDSHARED=\"<that g++> -shared\".")
+    whys = {
+        "CXX": f"{why}; {alt['path']} links {alt.get('shared_libstdcxx') or 'libstdc++.so'}",
+        "LDSHARED": "setuptools links extensions with LDSHARED when it is set: keep the link on " + alt["path"],
+        "CC": "CC named the static-runtime compiler (torch passes it to nvcc as -ccbin; LDSHARED defaults to it)",
+        "CUDAHOSTCXX": "CUDAHOSTCXX named the static-runtime compiler",
+    }
+    return [EnvVar(k, v, whys[k]) for k, v in values.items()], None
+
+
 def mem_available_gib(meminfo: str = "/proc/meminfo") -> float | None:
     try:
         with open(meminfo, encoding="ascii", errors="replace") as fh:
@@ -177,6 +208,7 @@ def make_env_plan(
     nvcc_path: str | None = None,
     gpus: list[dict] | None = None,
     sites: list[str] | None = None,
+    root: str = "/",
 ) -> EnvPlan:
     runner = runner or Runner()
     env = dict(os.environ if env is None else env)
@@ -232,6 +264,12 @@ def make_env_plan(
         plan.vars.append(EnvVar("CUDAHOSTCXX", hostcxx, note or ""))
     elif note:
         plan.notes.append(note)
+
+    cxx_vars, cxx_note = cxx_runtime_fix(runner, env, root)
+    have = {v.name for v in plan.vars}
+    plan.vars.extend(v for v in cxx_vars if v.name not in have)
+    if cxx_note:
+        plan.notes.append(cxx_note)
 
     if not env.get("MAX_JOBS"):
         avail = mem_available_gib()
