@@ -33,6 +33,7 @@ class BuildRequest:
     work_root: str | None = None
     verbose: bool = False
     force: bool = False
+    allow_static_cxx_runtime: bool = False  # let shared objects that define __cxa_throw pass verification
 
 
 @dataclass
@@ -242,7 +243,7 @@ def run_plan(plan: P.BuildPlan, req: BuildRequest, console: Console, *, local_en
                 ) from None
             prog.set_stage("inspecting every shared object")
             try:
-                archs = verify(raw, plan.target.sass, plan.target.ptx)
+                archs = verify(raw, plan.target.sass, plan.target.ptx, allow_static_cxx_runtime=req.allow_static_cxx_runtime)
             except RefusedError as exc:
                 exc.message += f" The build log is kept at {log}."
                 raise

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cudadoctor.build import cxx_runtime
 from cudadoctor.build.docker_backend import SCRIPTS, BuildFailed
 from cudadoctor.build.plan import BuildPlan
 from cudadoctor.build.progress import BuildProgress
@@ -34,7 +35,7 @@ def host_facts() -> dict:
 def blocking_findings(report: dict) -> list[dict]:
     out = []
     for f in report.get("findings") or []:
-        if f.get("severity") != "error" or f.get("id") in AUTO_FIXED:
+        if f.get("severity") != "error" or f.get("id") in AUTO_FIXED or cxx_runtime.auto_fixed(f, report):
             continue
         if f.get("area") in BLOCKING_AREAS or f.get("id") in BLOCKING_IDS:
             out.append(f)
@@ -112,6 +113,7 @@ def local_env(plan: BuildPlan, facts: dict, report: dict, base_env: dict[str, st
             old = env.get("CPATH")
             env["CPATH"] = ":".join(dirs + ([old] if old else []))
             notes.append(f"TOOLKIT_INCOMPLETE fixed: CPATH={env['CPATH']}")
+    notes += cxx_runtime.apply(env, facts)  # HOST_COMPILER_STATIC_LIBSTDCXX: link with a shared-runtime compiler
     return env, notes
 
 
@@ -124,6 +126,8 @@ def build(plan: BuildPlan, *, work_dir: Path, staging: Path, progress: BuildProg
     env["PYTHONUNBUFFERED"] = "1"
     argv = [python or sys.executable, str(SCRIPTS / "build_wheel.py"), "--src", plan.source, "--work", str(work_dir),
             "--out", str(staging), "--info", str(staging / "build-info.json")]
+    for line in cxx_runtime.log_lines(env):
+        progress.write(line)
     progress.set_stage(f"building on this host (TORCH_CUDA_ARCH_LIST={plan.target.arch_list}, {plan.jobs} job(s), "
                        f"nvcc --threads={plan.threads})")
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

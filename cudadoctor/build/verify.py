@@ -36,8 +36,9 @@ def missing(so_archs: dict[str, dict], sass: list[str], ptx: list[str]) -> dict[
     return gaps
 
 
-def verify(wheel: str | Path, sass: list[str], ptx: list[str]) -> dict[str, dict]:
-    """Inspect the wheel; raise RefusedError (exit 1) naming each shared object and what it lacks."""
+def verify(wheel: str | Path, sass: list[str], ptx: list[str], *, allow_static_cxx_runtime: bool = False) -> dict[str, dict]:
+    """Inspect the wheel; raise RefusedError (exit 1) naming each shared object and what it lacks, or
+    that it carries its own C++ runtime (build/cxx_runtime.py) unless ``allow_static_cxx_runtime``."""
     archs = shared_object_archs(wheel)
     if not any(v.get("sass") or v.get("ptx") for v in archs.values()):
         raise RefusedError(
@@ -54,4 +55,7 @@ def verify(wheel: str | Path, sass: list[str], ptx: list[str]) -> dict[str, dict
             hint="Fix: the project may set its own -gencode flags or arch list (look for "
             "TORCH_CUDA_ARCH_LIST or -gencode in its setup.py); let TORCH_CUDA_ARCH_LIST decide.",
         )
+    from cudadoctor.build.cxx_runtime import check
+
+    check(wheel, allow=allow_static_cxx_runtime)
     return archs

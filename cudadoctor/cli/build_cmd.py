@@ -60,6 +60,7 @@ def build_command(
     no_compress: bool = typer.Option(False, "--no-compress", help="Do not compress device code (-Xfatbin -compress-all)."),
     work_dir: Optional[str] = typer.Option(None, "--work-dir", help="Persistent build folders (default ~/.cache/cudadoctor/build)."),
     force: bool = typer.Option(False, "--force", help="Build even when nothing changed since the last build."),
+    allow_static_cxx_runtime: bool = typer.Option(False, "--allow-static-cxx-runtime", help="Accept shared objects that carry their own C++ runtime (define __cxa_throw); exceptions thrown in them crash the process."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Print every build line."),
 ) -> int:
     """Build fat wheels for several GPU architectures inside matched containers (or on this host)."""
@@ -92,7 +93,8 @@ def build_command(
 
     pip = _pip_settings(index_url, extra_index_url, find_links, ca_bundle, no_pip_config)
     req = X.BuildRequest(source=source, specs=specs, backend=backend, pip=pip, jobs=jobs, out=out,
-                         keep_container=keep_container, compress=not no_compress, work_root=work_dir, verbose=verbose, force=force)
+                         keep_container=keep_container, compress=not no_compress, work_root=work_dir, verbose=verbose, force=force,
+                         allow_static_cxx_runtime=allow_static_cxx_runtime)
     if plan_only:
         plans = X.make_plans(req)
         typer.echo(json.dumps([p.to_dict() for p in plans], indent=2))
