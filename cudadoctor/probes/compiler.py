@@ -268,7 +268,8 @@ def probe_host_compiler(runner: Runner, root: Root, env: Mapping[str, str]) -> d
 
         static = [e for e in (info, info.get("link_compiler"), info.get("nvcc_ccbin")) if _static(e)]
         if static:
-            exclude = [e["path"] for e in static] + [e["wrapper_of"] for e in static if e.get("wrapper_of")]
+            # a wrapper's target stays a candidate: called directly it may well find libstdc++.so
+            exclude = [e["path"] for e in static]
 
             def one(p):
                 e = {**identify(runner, root, p, timeout=CANDIDATE_TIMEOUT),

@@ -170,3 +170,88 @@ def test_cli_flag_reaches_the_request(monkeypatch, tmp_path):
     r = CliRunner().invoke(app, ["build", str(FIX / "ext_min"), "--arch", "8.6", "--backend", "local",
                                  "--no-pip-config", "--out", str(tmp_path)])
     assert seen[1].allow_static_cxx_runtime is False
+
+
+# --- end to end with real processes -----------------------------------------------------------
+
+FAKE_GXX = """#!/bin/sh
+# stands in for a g++ whose library folder holds only libstdc++.a: it says so, and links statically
+for a in "$@"; do
+  case "$a" in
+    -print-file-name=libstdc++.so) echo libstdc++.so; exit 0;;
+    -shared) exec /usr/bin/g++ -static-libstdc++ "$@";;
+  esac
+done
+exec /usr/bin/g++ "$@"
+"""
+EXT_CPP = """#include <Python.h>
+#include <stdexcept>
+static PyObject* f(PyObject*, PyObject*) {
+    try { throw std::runtime_error("x"); } catch (const std::exception&) {}
+    Py_RETURN_NONE;
+}
+static PyMethodDef M[] = {{"f", f, METH_NOARGS, ""}, {nullptr, nullptr, 0, nullptr}};
+static struct PyModuleDef D = {PyModuleDef_HEAD_INIT, "demo_ext", nullptr, -1, M};
+PyMODINIT_FUNC PyInit_demo_ext(void) { return PyModule_Create(&D); }
+"""
+SETUP = ('from setuptools import setup, Extension\n'
+         'setup(name="demo_ext", version="0.1", ext_modules=[Extension("demo_ext", ["ext.cpp"], language="c++")])\n')
+
+
+def _python_h() -> bool:
+    import sysconfig
+
+    return (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file()
+
+
+def _build_ext(src: Path, env: dict) -> Path:
+    import subprocess
+
+    r = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace", "--force"], cwd=src, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (so,) = src.glob("demo_ext*.so")
+    return so
+
+
+@pytest.mark.skipif(not Path("/usr/bin/g++").exists() or not _python_h(), reason="needs /usr/bin/g++ and Python.h")
+def test_probe_fix_and_check_with_a_real_setuptools_build(tmp_path):
+    """A compiler that links libstdc++ statically builds an extension that defines __cxa_throw (the check
+    fails it); the probe finds /usr/bin/g++ instead, and with CXX/LDSHARED/CC from the fix the same
+    setuptools build imports the runtime from libstdc++.so.6."""
+    import os
+
+    from cudadoctor.inspect import inspect_path
+    from cudadoctor.probes._fs import Root
+    from cudadoctor.probes.compiler import probe_host_compiler
+    from cudadoctor.runner import Runner
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "g++"
+    fake.write_text(FAKE_GXX)
+    fake.chmod(0o755)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "ext.cpp").write_text(EXT_CPP)
+    (src / "setup.py").write_text(SETUP)
+    env = {k: v for k, v in os.environ.items() if k not in ("LDSHARED", "LDFLAGS", "CFLAGS", "CXXFLAGS")}
+    env.update(PATH=f"{bin_dir}:/usr/bin:/bin", CXX=str(fake), CC=str(fake))
+
+    so = _build_ext(src, env)
+    (e,) = inspect_path(so)
+    assert "__cxa_throw" in e["cxx_runtime_defined"] and "libstdc++.so.6" not in e["needed"]
+    with pytest.raises(RefusedError, match=r"carries its own C\+\+ runtime"):
+        R.check(so)
+
+    hc = probe_host_compiler(Runner(), Root("/"), env)
+    assert hc["links_static_libstdcxx"] is True and hc["path"] == str(fake)
+    facts = {"host_compiler": hc, "env": {k: env[k] for k in ("CXX", "CC")}}
+    notes = R.apply(env, facts)
+    assert notes and env["CXX"] != str(fake) and env["LDSHARED"] == env["CXX"] + " -shared"
+    assert env["CC"] != str(fake)
+
+    so = _build_ext(src, env)
+    (e,) = inspect_path(so)
+    assert e["cxx_runtime_defined"] == [] and "libstdc++.so.6" in e["needed"]
+    assert R.check(so) == {}
