@@ -152,10 +152,12 @@ def test_uncompilable_source_shows_compiler_error_and_keeps_log(base_image, clie
 def test_ctrl_c_removes_the_build_container(base_image, client, tmp_path):
     env = session_env()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cudadoctor", "build", str(FIX / "ext_min"), "--arch", "8.6", "--toolkit", "pip",
+        [sys.executable, "-m", "cudadoctor", "build", str(FIX / "ext_slow"), "--arch", "8.6", "--toolkit", "pip",
          "--base-image", base_image, "--out", str(tmp_path / "dist"), "--work-dir", str(tmp_path / "work")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
     )
+    # ext_slow waits ten minutes before it compiles, so the build is still running when Ctrl-C comes
+    # (a fast compile, or a ccache hit, must not let the build finish first).
     try:
         seen = []
         deadline = time.monotonic() + 600
@@ -171,9 +173,9 @@ def test_ctrl_c_removes_the_build_container(base_image, client, tmp_path):
         assert attrs["Config"]["User"] == f"{os.getuid()}:{os.getgid()}"
         assert hc["Privileged"] is False and hc["NetworkMode"] == "none"
         mounts = {m["Target"]: m for m in hc["Mounts"]}
-        assert mounts["/src"].get("ReadOnly") is True and mounts["/src"]["Source"] == str(FIX / "ext_min")
+        assert mounts["/src"].get("ReadOnly") is True and mounts["/src"]["Source"] == str(FIX / "ext_slow")
         assert not mounts["/build"].get("ReadOnly", False)
-        time.sleep(3)  # let the compile start
+        time.sleep(3)  # let the build start inside the container
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
