@@ -151,6 +151,10 @@ def _summary(area: str, facts: dict, report: dict, verbose: bool) -> tuple[str, 
     return "", extra
 
 
+# Sections whose absence means the snapshot says nothing a verdict could rest on.
+_PROBED_SECTIONS = ("host", "driver", "gpus", "toolkits", "torch", "host_compiler", "extensions", "error_text")
+
+
 def _severity_key(findings: list[dict]) -> str:
     sev = {f.get("severity") for f in findings}
     for s in ("error", "warning", "info"):
@@ -210,6 +214,9 @@ def human(report: dict, *, verbose: bool = False, ascii_only: bool = False) -> s
         areas_hit = {_area_of(f) for f in errors + warnings}
         lines.append(f"! Doctor found {len(errors)} error(s) and {len(warnings)} warning(s) "
                      f"in {len(areas_hit)} area(s).")
+    elif not any(facts.get(k) for k in _PROBED_SECTIONS):
+        lines.append(f"{marks['info']} The snapshot holds no facts about the driver, GPUs, torch or toolkits: "
+                     "nothing could be judged. Run `cudadoctor collect` on the machine in question.")
     else:
         lines.append(f"{marks['info']} No issues found!")
     return "\n".join(lines) + "\n"

@@ -54,3 +54,12 @@ def test_github_escapes_newlines_and_properties():
 def test_rule_list_alignment():
     text = render.rule_list([("A", "error", "one"), ("LONGER_ID", "warning", "two")])
     assert text.splitlines() == ["A          error    one", "LONGER_ID  warning  two"]
+
+
+def test_human_empty_snapshot_says_nothing_was_judged():
+    from cudadoctor.doctor import diagnose
+    from cudadoctor.render import human
+
+    out = human(diagnose({}))
+    assert "nothing could be judged" in out
+    assert "No issues found" not in out
