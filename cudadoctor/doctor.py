@@ -41,6 +41,8 @@ ERROR_SIGNATURES: tuple[tuple[str, tuple[str, ...]], ...] = (
     (r"cublas_status_|cudnn version incompatibility", ("LD_LIBRARY_PATH_SHADOW",)),
     (r"error 803|system has unsupported display driver / cuda driver combination",
      ("DRIVER_LIBRARY_MISMATCH", "DRIVER_TOO_OLD")),
+    (r"no module named 'torch'", ("BUILD_ISOLATION_HIDES_TORCH", "TORCH_MISSING")),
+    (r"segmentation fault|sigsegv", ("EXT_STATIC_CXX_RUNTIME", "TORCH_IMPORT_FAILED")),
 )
 _COMPILED = tuple((re.compile(p, re.IGNORECASE), ids) for p, ids in ERROR_SIGNATURES)
 

@@ -117,3 +117,96 @@ def torch_no_kernel_image(f: Facts):
         facts=[f"gpus[{i}].cc" for i, _, _ in bad] + ["torch.arch_list", "torch.version"],
         area="torch",
     )
+
+
+_SHARED_LIB_ERRORS = ("undefined symbol", "cannot open shared object file", "version `")
+
+
+def _import_error(f: Facts) -> str | None:
+    err = f.get("torch.import_error")
+    return err.strip() if isinstance(err, str) and err.strip() else None
+
+
+def _not_installed(err: str) -> bool:
+    return "no module named 'torch'" in err.lower()
+
+
+@rule("TORCH_IMPORT_FAILED", severity="error", area="torch", priority=23,
+      summary="torch is installed but importing it fails, crashes or hangs")
+def torch_import_failed(f: Facts):
+    err = _import_error(f)
+    if err is None or _not_installed(err):
+        return None
+    low = err.lower()
+    ldp = f.env("LD_LIBRARY_PATH")
+    if ldp and any(s in low for s in _SHARED_LIB_ERRORS):
+        # a library torch needs resolved elsewhere: LD_LIBRARY_PATH_SHADOW names the entry to drop
+        return None
+    python = f.get("python.executable") or "python3"
+    version = _torch_version(f)
+    fix: list[str] = []
+    if "killed by signal" in low or "timed out" in low:
+        fix.append(f"{python} -X faulthandler -c 'import torch'   (shows where the import crashes or hangs)")
+    if any(s in low for s in _SHARED_LIB_ERRORS):
+        fix.append(f"{python} -m pip install --force-reinstall --no-deps torch{'==' + version if version else ''}"
+                   "   (a torch file or one of its nvidia-* libraries is missing or from another release)")
+    if not fix:
+        fix.append(f"{python} -m pip install --force-reinstall torch{'==' + version if version else ''}")
+    last = err.splitlines()[-1][:300]
+    return Finding(
+        id="TORCH_IMPORT_FAILED", severity="error", area="torch",
+        title="importing torch fails",
+        detail=(f"`import torch` in {python} failed: {last}. Nothing that needs torch (building or loading "
+                "extensions, running CUDA ops) can work until it imports; the other findings were judged "
+                "without torch's own view of the GPU."),
+        fix=fix, facts=["torch.import_error", "python.executable"],
+    )
+
+
+@rule("TORCH_MISSING", severity="info", area="torch", priority=95,
+      summary="torch is not installed for the probed Python")
+def torch_missing(f: Facts):
+    err = _import_error(f)
+    if err is None or not _not_installed(err):
+        return None
+    python = f.get("python.executable") or "python3"
+    return Finding(
+        id="TORCH_MISSING", severity="info", area="torch",
+        title="torch is not installed",
+        detail=(f"{python} has no torch, so torch's CUDA version, arch list and ABI were not checked; the "
+                "driver, toolkit and compiler verdicts above stand on their own."),
+        fix=[f"{python} -m pip install torch   (pick the CUDA variant your driver supports: "
+             "https://download.pytorch.org/whl/cuXYZ)"],
+        facts=["torch.import_error"],
+    )
+
+
+# What pip/uv print when a setup.py that imports torch runs in an isolated build environment.
+_ISOLATION_MARKERS = ("pip-build-env", "getting requirements to build wheel", "build_meta.py",
+                      "--no-build-isolation", "build-system.requires", "build dependency")
+
+
+@rule("BUILD_ISOLATION_HIDES_TORCH", severity="error", area="torch", priority=22,
+      summary="pip/uv built an extension in an isolated environment without torch, although torch is installed")
+def build_isolation_hides_torch(f: Facts):
+    text = error_texts(f)
+    if "no module named 'torch'" not in text or not any(m in text for m in _ISOLATION_MARKERS):
+        return None
+    err = _import_error(f)
+    if err is not None and _not_installed(err):
+        return None  # torch really is missing here: TORCH_MISSING says so
+    python = f.get("python.executable") or "python3"
+    version = _torch_version(f)
+    have = f"torch {version} is installed" if version else "torch is installed in the target environment"
+    return Finding(
+        id="BUILD_ISOLATION_HIDES_TORCH", severity="error", area="torch",
+        title="the extension was built in an isolated environment that has no torch",
+        detail=(f"The pasted error shows `No module named 'torch'` inside pip's isolated build environment "
+                f"(build requirements, pip-build-env), while {have}. The project's setup.py imports torch "
+                "but does not list it in [build-system] requires, so pip builds it without torch. Build "
+                "against the installed torch instead, which is also the only way to match its version, "
+                "CUDA and C++ ABI."),
+        fix=[f"{python} -m pip install setuptools wheel ninja packaging",
+             f"{python} -m pip install --no-build-isolation <package>   (uv: uv pip install --no-build-isolation <package>)"],
+        facts=["error_text", "torch.version"],
+    )

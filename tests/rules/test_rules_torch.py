@@ -109,3 +109,43 @@ def test_import_warning_without_arch_list():
     fd = finding(f, "TORCH_NO_KERNEL_IMAGE")
     assert "sm_120" in fd["detail"]
     assert fd["fix"] == ["pip install torch==2.7.1 --index-url https://download.pytorch.org/whl/cu128"]
+
+
+def _ids(facts_dict):
+    from cudadoctor.rules import evaluate
+
+    return [f.id for f in evaluate(facts_dict)]
+
+
+def test_torch_import_failed_names_the_crash_and_how_to_see_it():
+    from cudadoctor.rules import evaluate
+
+    fs = evaluate({"python": {"executable": "/venv/bin/python"},
+                   "torch": {"import_error": "killed by signal 11 (SIGSEGV) while importing torch"}})
+    f = next(x for x in fs if x.id == "TORCH_IMPORT_FAILED")
+    assert f.severity == "error" and "SIGSEGV" in f.detail
+    assert any("-X faulthandler" in c for c in f.fix)
+
+
+def test_torch_import_failed_defers_to_ld_library_path_for_library_errors():
+    facts = {"torch": {"import_error": "OSError: libcudnn.so.9: cannot open shared object file"},
+             "env": {"LD_LIBRARY_PATH": "/opt/cudnn/lib"}}
+    assert "TORCH_IMPORT_FAILED" not in _ids(facts)
+    facts["env"] = {}
+    assert "TORCH_IMPORT_FAILED" in _ids(facts)
+
+
+def test_torch_missing_is_info_not_an_import_failure():
+    ids = _ids({"torch": {"import_error": "ModuleNotFoundError: No module named 'torch'"}})
+    assert "TORCH_MISSING" in ids and "TORCH_IMPORT_FAILED" not in ids
+
+
+def test_build_isolation_needs_both_the_message_and_the_isolated_build():
+    text = "Getting requirements to build wheel ... error\nModuleNotFoundError: No module named 'torch'"
+    assert "BUILD_ISOLATION_HIDES_TORCH" in _ids({"torch": {"version": "2.5.1"}, "error_text": text})
+    # the same message outside a build is not this finding
+    assert "BUILD_ISOLATION_HIDES_TORCH" not in _ids({"torch": {"version": "2.5.1"},
+                                                      "error_text": "ModuleNotFoundError: No module named 'torch'"})
+    # torch really missing: TORCH_MISSING, not build isolation
+    ids = _ids({"torch": {"import_error": "No module named 'torch'"}, "error_text": text})
+    assert "BUILD_ISOLATION_HIDES_TORCH" not in ids and "TORCH_MISSING" in ids
