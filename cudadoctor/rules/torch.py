@@ -174,7 +174,7 @@ def torch_missing(f: Facts):
         id="TORCH_MISSING", severity="info", area="torch",
         title="torch is not installed",
         detail=(f"{python} has no torch, so torch's CUDA version, arch list and ABI were not checked; the "
-                "driver, toolkit and compiler verdicts above stand on their own."),
+                "other verdicts stand on their own."),
         fix=[f"{python} -m pip install torch   (pick the CUDA variant your driver supports: "
              "https://download.pytorch.org/whl/cuXYZ)"],
         facts=["torch.import_error"],
