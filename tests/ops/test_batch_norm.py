@@ -288,13 +288,10 @@ class TestBatchNorm:
         with pytest.raises(ValueError, match="activation"):
             ops.batch_norm(x, rm, rv, training=True, activation="gelu")
 
-    @pytest.mark.xfail(
-        reason="known defect: on the H200 machine (torch 2.11.0+cu130) some argument errors raised "
-        "by the CUDA kernel's TORCH_CHECKs, when the op is called directly through torch.ops, "
-        "ended the process with SIGSEGV (first seen for a wrong bias shape with weight=None); "
-        "the Python API checks these arguments before the call",
-        strict=False,
-    )
+    # On a build whose shared object carries its own C++ runtime (a compiler with only libstdc++.a:
+    # see HOST_COMPILER_STATIC_LIBSTDCXX / EXT_STATIC_CXX_RUNTIME), these TORCH_CHECK exceptions kill
+    # the child with SIGSEGV; tests/ops/test_depthwise.py::test_extension_uses_the_process_cpp_runtime
+    # names that cause.
     def test_direct_op_errors_name_the_bad_argument(self, ops):
         # The C++ checks, called through torch.ops without the Python layer; in a child process
         # so that a crash is reported as a failure instead of ending the session.
