@@ -155,6 +155,9 @@ def test_ctrl_c_removes_the_build_container(base_image, client, tmp_path):
         [sys.executable, "-m", "cudadoctor", "build", str(FIX / "ext_slow"), "--arch", "8.6", "--toolkit", "pip",
          "--base-image", base_image, "--out", str(tmp_path / "dist"), "--work-dir", str(tmp_path / "work")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+        # A shell that starts this suite in the background leaves SIGINT ignored, and Python keeps an
+        # ignored SIGINT ignored: give the build the default disposition, as a terminal would.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     # ext_slow waits ten minutes before it compiles, so the build is still running when Ctrl-C comes
     # (a fast compile, or a ccache hit, must not let the build finish first).
@@ -179,7 +182,13 @@ def test_ctrl_c_removes_the_build_container(base_image, client, tmp_path):
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    try:
+        _, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        for c in labelled(client):  # do not leave the container to the tests that follow
+            c.remove(force=True)
+        raise
     assert proc.returncode == 130, err[-3000:]
     assert "interrupted" in err and "Traceback" not in err
     assert labelled(client) == []
