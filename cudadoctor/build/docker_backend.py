@@ -241,12 +241,7 @@ def _build(plan: BuildPlan, *, work_dir: Path, staging: Path, progress: BuildPro
         rc = ct.stream(progress.line)
         if mode == "copy" and rc == 0:
             fetch_dir(ct, "/out", staging)
-    if rc != 0:
-        raise BuildFailed(rc)
-    wheels = sorted(staging.glob("*.whl"))
-    if not wheels:
-        raise BuildFailed(3)
-    return wheels[0]
+    return built_wheel(rc, staging)
 
 
 class BuildFailed(Exception):
@@ -257,4 +252,14 @@ class BuildFailed(Exception):
         self.status = status
 
 
-__all__ = ["build", "ensure_image", "BuildFailed", "PIP_CUDA_HOME"]
+def built_wheel(status: int, staging: Path) -> Path:
+    """The wheel a build step left in ``staging``; BuildFailed for a non-zero status (3: no wheel)."""
+    if status != 0:
+        raise BuildFailed(status)
+    wheels = sorted(staging.glob("*.whl"))
+    if not wheels:
+        raise BuildFailed(3)
+    return wheels[0]
+
+
+__all__ = ["build", "ensure_image", "BuildFailed", "built_wheel", "PIP_CUDA_HOME"]

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from cudadoctor.build import cxx_runtime
-from cudadoctor.build.docker_backend import SCRIPTS, BuildFailed
+from cudadoctor.build.docker_backend import SCRIPTS, built_wheel
 from cudadoctor.build.plan import BuildPlan
 from cudadoctor.build.progress import BuildProgress
 from cudadoctor.errors import RefusedError
@@ -147,12 +147,7 @@ def build(plan: BuildPlan, *, work_dir: Path, staging: Path, progress: BuildProg
             except OSError:
                 pass
         raise
-    if rc != 0:
-        raise BuildFailed(rc)
-    wheels = sorted(staging.glob("*.whl"))
-    if not wheels:
-        raise BuildFailed(3)
-    return wheels[0]
+    return built_wheel(rc, staging)
 
 
 def facts_summary(facts: dict[str, Any]) -> tuple[str | None, int | None, str | None]:
