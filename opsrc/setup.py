@@ -1,8 +1,10 @@
 """Build script of the cudadoctor-ops wheel.
 
 Compiles every csrc/*.cpp and csrc/*.cu into one extension, ``cudadoctor_ops._C``, with torch's
-BuildExtension (ninja). Arches come from TORCH_CUDA_ARCH_LIST (torch's rule); nvcc compiles them
-in parallel with ``--threads``. Build it against the installed torch:
+BuildExtension (ninja). Arches come from TORCH_CUDA_ARCH_LIST (torch's rule). How many device
+targets nvcc compiles at once is the build machine's choice, not the source's: ``cudadoctor build``
+sizes ``nvcc --threads`` and ninja's jobs to the cores and memory (NVCC_APPEND_FLAGS, MAX_JOBS).
+Build it against the installed torch:
 
     pip install --no-build-isolation --no-deps ./opsrc
 """
@@ -23,12 +25,6 @@ os.chdir(HERE)  # setuptools wants source paths relative to this directory
 def _sources() -> list[str]:
     found = glob.glob(os.path.join("csrc", "*.cpp")) + glob.glob(os.path.join("csrc", "*.cu"))
     return sorted(found)
-
-
-def _arch_count() -> int:
-    spec = os.environ.get("TORCH_CUDA_ARCH_LIST", "")
-    parts = [p for p in spec.replace(",", ";").replace(" ", ";").split(";") if p.strip()]
-    return max(1, len(parts))
 
 
 def _extra_cuda_includes() -> list[str]:
@@ -54,11 +50,9 @@ def _extra_cuda_includes() -> list[str]:
 
 
 def _nvcc_flags() -> list[str]:
-    threads = min(_arch_count(), os.cpu_count() or 1)
     return [
         "-O3",
         "-lineinfo",
-        f"--threads={threads}",
         "-Xfatbin",
         "-compress-all",
         "-DNDEBUG",

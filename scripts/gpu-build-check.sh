@@ -12,7 +12,8 @@
 #   baseline    cold `pip wheel --no-build-isolation --no-deps ./opsrc` (a fresh copy of opsrc),
 #               only TORCH_CUDA_ARCH_LIST set
 #   nocompress  cold `cudadoctor build ... --no-compress` (wheel size without compression)
-#   tests       install the `local` wheel into a fresh folder, `cudadoctor inspect` it, run tests/ops
+#   tests       install the `local` wheel into a fresh folder, `cudadoctor inspect` it, run tests/ops,
+#               `cudadoctor smoke --installed` (all four sanitizers) and `cudadoctor check` with it
 # Environment: PYTHON (python3), OUT (./gpu-build-out), ARCHS (8.0,8.6,8.9,9.0), SOURCE (opsrc; the
 #   tests section needs opsrc).
 # Logs: $OUT/<section>.log; times and sizes: $OUT/summary.txt (also printed at the end).
@@ -127,10 +128,17 @@ section_tests() {
     cat "$site"/cudadoctor_ops-*.dist-info/cudadoctor_build.json || rc=1
     echo "\$ pytest tests/ops (cudadoctor_ops from the installed wheel)"
     PYTHONPATH="$site:$PYTHONPATH" "$PY" -c 'import cudadoctor_ops, sys; print("cudadoctor_ops from", cudadoctor_ops.__file__)' || rc=1
-    PYTHONPATH="$site:$PYTHONPATH" timeout 900 "$PY" -m pytest -q -x tests/ops -m "not compile" -p no:cacheprovider || rc=1
+    local xdist=""; "$PY" -c "import xdist" 2>/dev/null && xdist="-n 6"
+    PYTHONPATH="$site:$PYTHONPATH" timeout 900 "$PY" -m pytest -q $xdist tests/ops -m "not compile" -p no:cacheprovider || rc=1
   } >"$log" 2>&1
-  record "tests: wheel $(basename "$w") install+inspect+tests/ops exit $rc ($(grep -Eo '[0-9]+ passed[^=]*' "$log" | tail -n 1))"
-  return $rc
+  record "tests: wheel $(basename "$w") install+inspect+tests/ops exit $rc ($(grep -Eo '[0-9]+ (passed|failed)[^=]*' "$log" | tail -n 1))"
+  # the doctor and the sanitizers on the same installed wheel
+  local rs=0
+  PYTHONPATH="$site:$PYTHONPATH" timeout 600 "$PY" -m cudadoctor smoke --installed -j 6 >"$OUT/smoke.log" 2>&1 || rs=$?
+  record "smoke --installed: exit $rs ($(grep -E 'PASS|FAIL' "$OUT/smoke.log" | tail -n 1))"
+  PYTHONPATH="$site:$PYTHONPATH" "$PY" -m cudadoctor check -v >"$OUT/check.log" 2>&1
+  record "check: exit $? ($(grep -E 'Doctor found|No issues' "$OUT/check.log" | tail -n 1))"
+  [ $rc -eq 0 ] && [ $rs -eq 0 ]
 }
 
 ratios() {
