@@ -2,7 +2,8 @@
 //
 // Kernels live in csrc/*.cu files, each registering its implementations with
 // TORCH_LIBRARY_IMPL(cudadoctor_ops, CUDA, m). Fake (meta) kernels and autograd formulas are
-// registered from Python (cudadoctor_ops/*.py). To add an op, append its m.def line below.
+// registered from Python (cudadoctor_ops/*.py); autograd formulas in C++ (csrc/*_host.cpp). To add
+// an op, append its m.def line below.
 #include <Python.h>
 #include <torch/library.h>
 
@@ -38,6 +39,13 @@ TORCH_LIBRARY(cudadoctor_ops, m) {
   m.def(
       "batch_norm_update_stats(Tensor(a!) running_mean, Tensor(b!) running_var, "
       "Tensor save_mean, Tensor save_invstd, float momentum, float eps, int count) -> ()");
+  // One forward with F.batch_norm semantics (batch_norm, then batch_norm_update_stats when
+  // training with running statistics); CompositeImplicitAutograd (csrc/batch_norm_host.cpp, where
+  // batch_norm's autograd formula is registered too).
+  m.def(
+      "batch_norm_forward(Tensor input, Tensor? weight, Tensor? bias, Tensor(a!)? running_mean, "
+      "Tensor(b!)? running_var, bool training, float momentum, float eps, str activation) "
+      "-> Tensor");
 
   // ---- Depthwise conv2d (csrc/depthwise*.cu, cudadoctor_ops/depthwise.py) ----
   // groups == input channels; weight [C*multiplier, 1, kh, kw]. impl: 0 auto (fast kernels where

@@ -2,7 +2,8 @@
 
 Importing this package loads the compiled extension ``cudadoctor_ops._C`` (which registers the op
 schemas and CUDA kernels) and then each op module, which registers fake kernels
-(``torch.library.register_fake``) and autograd formulas (``torch.library.register_autograd``) and
+(``torch.library.register_fake``) and autograd formulas (``torch.library.register_autograd``, or C++
+autograd Functions in csrc/*_host.cpp) and
 provides the Python entry points.
 """
 

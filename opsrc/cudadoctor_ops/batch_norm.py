@@ -6,10 +6,12 @@ statistics in eval mode, optional affine parameters) plus ``activation="relu"``.
 ``BatchNorm1d/2d/3d`` are drop-in subclasses of torch's modules (same parameters, buffers and
 state_dict) with an ``activation`` argument.
 
-Ops (schemas in csrc/ops.cpp, kernels in csrc/batch_norm_*.cu):
-  cudadoctor_ops::batch_norm               functional forward, with autograd
+Ops (schemas in csrc/ops.cpp, kernels in csrc/batch_norm_*.cu, autograd and the composite in
+csrc/batch_norm_host.cpp):
+  cudadoctor_ops::batch_norm               functional forward, with autograd (C++)
   cudadoctor_ops::batch_norm_backward      its backward
   cudadoctor_ops::batch_norm_update_stats  in-place running-statistics update
+  cudadoctor_ops::batch_norm_forward       batch_norm + batch_norm_update_stats in one call
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ ACTIVATIONS = ("none", "relu")
 _BN = torch.ops.cudadoctor_ops.batch_norm.default
 _BN_BACKWARD = torch.ops.cudadoctor_ops.batch_norm_backward.default
 _BN_UPDATE_STATS = torch.ops.cudadoctor_ops.batch_norm_update_stats.default
+_BN_FORWARD = torch.ops.cudadoctor_ops.batch_norm_forward.default
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -82,40 +85,8 @@ def _batch_norm_update_stats_fake(running_mean, running_var, save_mean, save_inv
     return None
 
 
-def _setup_context(ctx, inputs, output):
-    input, weight, bias, _rm, _rv, training, _eps, activation = inputs
-    _out, save_mean, save_invstd, reserve = output
-    ctx.save_for_backward(input, weight, bias, save_mean, save_invstd, reserve)
-    ctx.training = training
-    ctx.activation = activation
-    ctx.mark_non_differentiable(save_mean, save_invstd, reserve)
-
-
-def _backward(ctx, grad_out, _g_mean, _g_invstd, _g_reserve):
-    input, weight, bias, save_mean, save_invstd, reserve = ctx.saved_tensors
-    mask = [
-        bool(ctx.needs_input_grad[0]),
-        weight is not None and bool(ctx.needs_input_grad[1]),
-        bias is not None and bool(ctx.needs_input_grad[2]),
-    ]
-    if grad_out is None or not any(mask):
-        return None, None, None, None, None, None, None, None
-    gi, gw, gb = _BN_BACKWARD(
-        grad_out, input, weight, bias, save_mean, save_invstd, reserve, ctx.training, ctx.activation, mask
-    )
-    return (
-        gi if mask[0] else None,
-        gw if mask[1] else None,
-        gb if mask[2] else None,
-        None,
-        None,
-        None,
-        None,
-        None,
-    )
-
-
-torch.library.register_autograd("cudadoctor_ops::batch_norm", _backward, setup_context=_setup_context)
+# batch_norm's autograd formula is a C++ autograd Function (csrc/batch_norm_host.cpp): no Python
+# runs in the backward, and the non-differentiable outputs get no zero-filled gradients.
 
 
 def _verify_batch_size(size) -> None:
@@ -197,6 +168,12 @@ def batch_norm(
     _check_param(running_var, "running_var", input)
     if training:
         _verify_batch_size(input.shape)
+    if not torch.compiler.is_compiling():
+        # one call into C++ (forward, autograd node and running-statistics update)
+        return _BN_FORWARD(
+            input, weight, bias, running_mean, running_var, bool(training), float(momentum), float(eps), activation
+        )
+    # traced by torch.compile: the two ops, each with its fake kernel
     out, save_mean, save_invstd, _reserve = _BN(
         input,
         weight,

@@ -99,6 +99,26 @@ def test_wheel_imports_and_fakes_work_without_gpu(built_wheel):
         assert out.is_contiguous(memory_format=torch.channels_last)
         gi, gw, gb = ns.batch_norm_backward(out, xl, w, w, sm, si, rs, True, "relu", [True, True, False])
         assert gi.shape == x.shape and gw.shape == (8,) and gb.shape == (0,)
+        # batch_norm's autograd is a C++ Function: run it through forward and backward on meta
+        for name in ("batch_norm", "batch_norm_forward"):
+            assert torch._C._dispatch_has_kernel_for_dispatch_key(f"cudadoctor_ops::{name}", "Autograd" if name == "batch_norm" else "CompositeImplicitAutograd"), name
+        xg = torch.empty(4, 8, 5, 5, device="meta", dtype=torch.float16, requires_grad=True)
+        wg = torch.empty(8, device="meta", requires_grad=True)
+        bg = torch.empty(8, device="meta", requires_grad=True)
+        rm, rv = torch.empty(8, device="meta"), torch.empty(8, device="meta")
+        for training in (True, False):
+            y = ns.batch_norm_forward(xg, wg, bg, rm, rv, training, 0.1, 1e-5, "relu")
+            assert y.shape == xg.shape and y.requires_grad and y.grad_fn is not None, (training, y)
+            gx, gw_, gb_ = torch.autograd.grad(y, (xg, wg, bg), torch.empty_like(y))
+            assert gx.shape == xg.shape and gx.dtype == torch.float16, gx
+            assert gw_.shape == (8,) and gb_.shape == (8,), (gw_, gb_)
+        # no weight/bias: the gradient edges of absent optional inputs are skipped
+        y = ns.batch_norm_forward(xg, None, None, None, None, True, 0.1, 1e-5, "none")
+        (gx,) = torch.autograd.grad(y, (xg,), torch.empty_like(y))
+        assert gx.shape == xg.shape
+        y = ns.batch_norm_forward(xg, None, bg, None, None, True, 0.1, 1e-5, "none")
+        (gb_,) = torch.autograd.grad(y, (bg,), torch.empty_like(y))
+        assert gb_.shape == (8,)
         m = cudadoctor_ops.BatchNorm2d(8, activation="relu")
         assert isinstance(m, torch.nn.BatchNorm2d)
         assert m.state_dict().keys() == torch.nn.BatchNorm2d(8).state_dict().keys()

@@ -1,0 +1,156 @@
+"""Kernel-level breakdown of cudadoctor_ops against torch on a few cases, for tuning.
+
+    python scripts/gpu_profile.py [bn] [cbr] [dw]
+
+Per case and side (ours / torch): the GPU time of one call from CUDA events with an L2 flush
+before it (as the bench measures), the host time of one call (perf_counter over 200 calls without
+a sync: what the CPU spends enqueuing), and the kernels one call launches with their mean
+durations from torch.profiler. Prints plain text.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+import cudadoctor_ops as ops
+
+
+def gpu_ms(fn, reps: int = 50) -> float:
+    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        flush.zero_()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        ts.append((s, e))
+    torch.cuda.synchronize()
+    v = sorted(s.elapsed_time(e) for s, e in ts)
+    return v[len(v) // 2]
+
+
+def host_us(fn, reps: int = 200) -> float:
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / reps * 1e6
+
+
+def kernels(fn, reps: int = 20) -> list[tuple[str, float, int]]:
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    out = []
+    for ev in prof.key_averages():
+        if ev.device_type.name != "CUDA":
+            continue
+        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+        out.append((ev.key[:90], t / max(ev.count, 1), ev.count // reps))
+    return sorted(out, key=lambda r: -r[1] * r[2])
+
+
+def show(name: str, ours, theirs) -> None:
+    print(f"\n=== {name}")
+    for side, fn in (("ours", ours), ("torch", theirs)):
+        try:
+            g, h = gpu_ms(fn), host_us(fn)
+            print(f"  {side:5s} gpu {g * 1000:8.1f} us   host {h:7.1f} us/call")
+            for k, t, n in kernels(fn):
+                print(f"        {t:8.1f} us x{n}  {k}")
+        except Exception as exc:  # noqa: BLE001
+            print(f"  {side}: {type(exc).__name__}: {exc}")
+
+
+def bn() -> None:
+    for shape, dt, cl in [((64, 256, 14, 14), torch.float16, True), ((64, 2048, 7, 7), torch.float32, False),
+                          ((32, 256, 28, 28), torch.float32, False), ((256, 64, 56, 56), torch.float16, True),
+                          ((64, 512, 28, 28), torch.float32, False)]:
+        x = torch.randn(shape, device="cuda", dtype=dt)
+        if cl:
+            x = x.contiguous(memory_format=torch.channels_last)
+        c = shape[1]
+        w, b = torch.rand(c, device="cuda") + 0.5, torch.randn(c, device="cuda")
+        rm, rv = torch.zeros(c, device="cuda"), torch.ones(c, device="cuda")
+        tag = f"BN {shape} {dt} {'nhwc' if cl else 'nchw'}"
+        show(tag + " train fwd", lambda: ops.batch_norm(x, rm, rv, w, b, True, 0.1, 1e-5),
+             lambda: F.batch_norm(x, rm, rv, w, b, True, 0.1, 1e-5))
+        show(tag + " eval", lambda: ops.batch_norm(x, rm, rv, w, b, False, 0.1, 1e-5),
+             lambda: F.batch_norm(x, rm, rv, w, b, False, 0.1, 1e-5))
+        xg, wg, bg = (t.detach().requires_grad_(True) for t in (x, w, b))
+        gy = torch.randn_like(x)
+        yo = ops.batch_norm(xg, rm.clone(), rv.clone(), wg, bg, True, 0.1, 1e-5)
+        yt = F.batch_norm(xg, rm.clone(), rv.clone(), wg, bg, True, 0.1, 1e-5)
+        show(tag + " backward", lambda: torch.autograd.grad(yo, (xg, wg, bg), gy, retain_graph=True),
+             lambda: torch.autograd.grad(yt, (xg, wg, bg), gy, retain_graph=True))
+
+
+def cbr() -> None:
+    for (n, ci, h, w_, co), dt, cl in [((32, 64, 56, 56, 64), torch.float16, True),
+                                       ((32, 64, 56, 56, 64), torch.float32, False),
+                                       ((64, 128, 28, 28, 128), torch.bfloat16, True)]:
+        mf = torch.channels_last if cl else torch.contiguous_format
+        eager = torch.nn.Sequential(torch.nn.Conv2d(ci, co, 3, 1, 1, bias=False), torch.nn.BatchNorm2d(co),
+                                    torch.nn.ReLU()).cuda().to(dt).to(memory_format=mf)
+        fused = ops.fuse_conv_bn_relu(__import__("copy").deepcopy(eager))
+        x = torch.randn(n, ci, h, w_, device="cuda", dtype=dt).contiguous(memory_format=mf).requires_grad_(True)
+        tag = f"CBR {(n, ci, h, w_, co)} {dt} {'nhwc' if cl else 'nchw'}"
+        eager.train()
+        fused.train()
+        show(tag + " train fwd", lambda: fused(x), lambda: eager(x))
+        gy = torch.randn_like(eager(x))
+
+        def fb(m):
+            def run():
+                m(x).backward(gy)
+            return run
+        show(tag + " fwd+bwd", fb(fused), fb(eager))
+        eager.eval()
+        fused.eval()
+        with torch.no_grad():
+            xd = x.detach()
+            show(tag + " eval", lambda: fused(xd), lambda: eager(xd))
+
+
+def dw() -> None:
+    for n, c, h, w_, k, s, dt, cl in [(64, 144, 56, 56, 3, 1, torch.float16, True),
+                                      (64, 96, 112, 112, 3, 2, torch.float16, True),
+                                      (64, 576, 14, 14, 3, 1, torch.bfloat16, True),
+                                      (64, 1152, 7, 7, 5, 1, torch.float16, True),
+                                      (64, 240, 28, 28, 5, 1, torch.float16, True),
+                                      (1, 64, 128, 128, 3, 1, torch.float32, False)]:
+        mf = torch.channels_last if cl else torch.contiguous_format
+        x = torch.randn(n, c, h, w_, device="cuda", dtype=dt).contiguous(memory_format=mf)
+        wt = torch.randn(c, 1, k, k, device="cuda", dtype=dt)
+        p = k // 2
+        tag = f"DW {(n, c, h, w_)} k{k} s{s} {dt} {'nhwc' if cl else 'nchw'}"
+        show(tag + " fwd", lambda: ops.depthwise_conv2d(x, wt, None, s, p),
+             lambda: F.conv2d(x, wt, None, s, p, 1, c))
+        y = F.conv2d(x, wt, None, s, p, 1, c)
+        g = torch.randn_like(y)
+        xg, wg = x.detach().requires_grad_(True), wt.detach().requires_grad_(True)
+        yo = ops.depthwise_conv2d(xg, wg, None, s, p)
+        yt = F.conv2d(xg, wg, None, s, p, 1, c)
+        show(tag + " bwd", lambda: torch.autograd.grad(yo, (xg, wg), g, retain_graph=True),
+             lambda: torch.autograd.grad(yt, (xg, wg), g, retain_graph=True))
+
+
+if __name__ == "__main__":
+    print(torch.__version__, torch.cuda.get_device_name())
+    torch.backends.cudnn.benchmark = True
+    for part in sys.argv[1:] or ["bn", "cbr", "dw"]:
+        {"bn": bn, "cbr": cbr, "dw": dw}[part]()
