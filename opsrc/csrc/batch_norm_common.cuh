@@ -25,6 +25,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -292,12 +293,25 @@ inline dim3 nhwc_block(int64_t Cv) {
   return dim3(tx, kThreads / tx);
 }
 
-inline NhwcGrid nhwc_grid(int64_t Cv, int64_t R, int device, int per_sm) {
+// Rows per thread (at least) of the NHWC reductions (stats, backward reduce): each block writes
+// [C, 3] partials, so a block must cover enough rows that the partials stay a small share of the
+// input's bytes. CUDADOCTOR_OPS_BN_NHWC_ROWS overrides it (read once; 2 was the first default).
+inline int nhwc_reduce_rows() {
+  static const int rows = [] {
+    const char* v = std::getenv("CUDADOCTOR_OPS_BN_NHWC_ROWS");
+    const int r = v ? std::atoi(v) : 0;
+    return r >= 1 && r <= 1024 ? r : 8;
+  }();
+  return rows;
+}
+
+inline NhwcGrid nhwc_grid(int64_t Cv, int64_t R, int device, int per_sm, int rows_per_thread = 2) {
   const dim3 block = nhwc_block(Cv);
   const int64_t gx = (Cv + block.x - 1) / block.x;
   const int64_t wave = int64_t(sm_count(device)) * per_sm;
   int64_t s = wave / gx;
-  const int64_t by_work = (R + 2 * block.y - 1) / (2 * block.y);
+  const int64_t rows = int64_t(rows_per_thread) * block.y;
+  const int64_t by_work = (R + rows - 1) / rows;
   if (s > by_work) s = by_work;
   if (s > kMaxSplits) s = kMaxSplits;
   if (s < 1) s = 1;
@@ -322,7 +336,9 @@ inline Plan plan_launch(K kernel, bool nhwc, int64_t N, int64_t C, int64_t HW, i
   Plan p;
   if (nhwc) {
     p.smem = size_t(kThreads) * nhwc_smem_per_thread;
-    NhwcGrid g = nhwc_grid(C / V, N * HW, device, blocks_per_sm(kernel, p.smem));
+    // kernels with per-thread shared accumulators are the reductions that write partials
+    NhwcGrid g = nhwc_grid(C / V, N * HW, device, blocks_per_sm(kernel, p.smem),
+                           nhwc_smem_per_thread ? nhwc_reduce_rows() : 2);
     p.grid = g.grid;
     p.block = g.block;
     p.splits = g.splits;
