@@ -48,12 +48,30 @@ bool launch_fwd_nhwc(DType dt, const void* in, const void* w, const void* bias,
 //   NCHW: 16-byte aligned chunk loads of the input tile rows into shared
 //         memory (many in flight per thread), 4 outputs per thread along W
 //         times R rows.
-//   NHWC: 16 bytes of channels per thread (8 for 16-bit types, 4 for float32)
-//         times several output pixels along W; needs C a multiple of that.
+//   NHWC: the default channels_last forward: launch_fwd_nhwc_v3 for float16 and
+//         bfloat16 where it applies, else launch_fwd_nhwc_v2_kernel.
 bool launch_fwd_nchw_v2(DType dt, const void* in, const void* w, const void* bias,
                         void* out, const FastShape& s, bool flip,
                         cudaStream_t stream);
 bool launch_fwd_nhwc_v2(DType dt, const void* in, const void* w, const void* bias,
+                        void* out, const FastShape& s, bool flip,
+                        cudaStream_t stream);
+
+// The second-generation channels_last kernel alone: 16 bytes of channels per
+// thread (8 for 16-bit types, 4 for float32) times several output pixels along
+// W, loaded straight from global memory; needs C a multiple of that and
+// 16-byte aligned input and output.
+bool launch_fwd_nhwc_v2_kernel(DType dt, const void* in, const void* w, const void* bias,
+                               void* out, const FastShape& s, bool flip,
+                               cudaStream_t stream);
+
+// Third-generation channels_last kernel (all three fast dtypes): each block
+// stages its input tile (rows x columns x a chunk of channels) in shared
+// memory with cp.async, band by band, and computes 16 bytes of channels times
+// several output pixels along W per thread from there. Same requirements as
+// launch_fwd_nhwc_v2_kernel; also false where one output row of a tile does
+// not fit in the shared-memory budget.
+bool launch_fwd_nhwc_v3(DType dt, const void* in, const void* w, const void* bias,
                         void* out, const FastShape& s, bool flip,
                         cudaStream_t stream);
 

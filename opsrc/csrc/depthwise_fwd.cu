@@ -1,6 +1,8 @@
 // Depthwise 2-D convolution, fast forward kernels (multiplier 1, square
 // K in {3,5,7}, stride 1 or 2, dilation 1). With flip=true and stride 1 the
 // same kernels compute the input gradient: dX = conv(dY, rot180(w), pad K-1-p).
+#include <atomic>
+
 #include "depthwise.cuh"
 
 namespace cudadoctor_ops {
@@ -800,6 +802,413 @@ bool dispatch_type_v2(DType dt, bool nhwc, const void* in, const void* w, const 
   return false;
 }
 
+// ---------------------------------------------------------------------------
+// Third-generation NHWC forward (channels_last, 16 bytes of channels per
+// thread: 8 channels of a 16-bit type, 4 of float32).
+//
+//   in [N][H][W][C], out [N][Ho][Wo][C], w [C][K][K], bias [C] or null.
+//
+// One block computes an output tile of TH rows x NG*RW columns x CGb channel
+// groups (CGb*V channels) of one image. It stages the input tile it needs,
+// IH = (TH-1)*S+K rows by IW = (NG*RW-1)*S+K columns by CGb 16-byte groups,
+// in shared memory with cp.async (16-byte copies straight from global memory
+// to shared memory, zero-filled outside the image and outside the channel
+// range). All copies of a block are issued at once, before any compute, so a
+// block keeps its whole tile in flight without spending registers on it; the
+// rows come in nb commit groups (bands), and band g is computed as soon as its
+// rows have landed while the later bands are still on their way.
+//
+// Threads: x = channel group (16 bytes), y = (output row within the band,
+// column group of RW outputs), column group fastest. Each thread computes one
+// output position (RW outputs along W times V channels) per band: for every
+// kernel row it reads the NCOL = (RW-1)*S+K input vectors of the position from
+// shared memory (each reused by every output of the group it touches), and
+// accumulates in float32. Weights (and bias) are staged as float32 in shared
+// memory as [tap][V/4][CGb] float4s; with WREG (K == 3) each thread keeps its
+// 9*V weights in registers, otherwise it reads the K*V weights of a kernel row
+// per row. Consecutive threads (x) read and write consecutive 16-byte groups
+// of one pixel.
+
+constexpr int kV3Threads = 256;             // at most, per block
+constexpr int kV3SmemBudget = 64 * 1024;    // dynamic shared memory per block
+constexpr int kV3MaxBands = 8;              // commit groups per block
+constexpr int kV3TileInCols = 40;           // input columns per tile, about
+constexpr int64_t kV3MinBlocks = 768;       // keep several waves of blocks
+
+struct V3Args {
+  int C, H, W, Ho, Wo, PH, PW;
+  int CG;        // channel groups of the tensor (C / V)
+  int nCh;       // channel chunks (blocks along C); CGb = blockDim.x groups each
+  int nTx, nTy;  // tiles along W and H
+  int NG;        // column groups (of RW outputs) per tile
+  int THb, nb;   // output rows per band, bands per tile
+  int TH;        // output rows per tile (<= THb * nb)
+  int IH, IW;    // input tile rows and columns
+  bool flip;     // rot180 weights
+};
+
+// 16 bytes global -> shared without going through registers (cp.async, sm_80+);
+// zeros when !valid (src-size 0 reads nothing). Older architectures copy
+// through registers; the commit/wait helpers are then no-ops and the block
+// barrier alone publishes the tile.
+__device__ __forceinline__ void v3_cp_async16(uint4* dst, const void* src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+#else
+  *dst = valid ? __ldg(static_cast<const uint4*>(src)) : make_uint4(0u, 0u, 0u, 0u);
+#endif
+}
+
+__device__ __forceinline__ void v3_cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void v3_cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// Waits until at most `pending` (0 .. kV3MaxBands-1) of this thread's commit
+// groups are still in flight.
+__device__ __forceinline__ void v3_cp_async_wait_dyn(int pending) {
+  switch (pending) {
+    case 0: v3_cp_async_wait<0>(); break;
+    case 1: v3_cp_async_wait<1>(); break;
+    case 2: v3_cp_async_wait<2>(); break;
+    case 3: v3_cp_async_wait<3>(); break;
+    case 4: v3_cp_async_wait<4>(); break;
+    case 5: v3_cp_async_wait<5>(); break;
+    case 6: v3_cp_async_wait<6>(); break;
+    default: v3_cp_async_wait<7>(); break;
+  }
+  static_assert(kV3MaxBands == 8, "v3_cp_async_wait_dyn covers 0..7 pending groups");
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void v3_unpack(const uint4& raw, float (&v)[V]) {
+  T e[V];
+  memcpy(e, &raw, 16);
+#pragma unroll
+  for (int k = 0; k < V; ++k) v[k] = static_cast<float>(e[k]);
+}
+
+// One kernel row of one position: rp points at the first input vector of the
+// row in shared memory (consecutive columns are CGb uint4 apart), wk at the K
+// weight vectors of the row.
+template <typename T, int K, int S, int RW, int V>
+__device__ __forceinline__ void v3_row(const uint4* rp, int CGb, const float (*wk)[V],
+                                       float (&acc)[RW][V]) {
+  constexpr int NCOL = (RW - 1) * S + K;
+#pragma unroll
+  for (int j = 0; j < NCOL; ++j) {
+    float v[V];
+    v3_unpack<T, V>(rp[j * CGb], v);
+#pragma unroll
+    for (int r = 0; r < RW; ++r) {
+      const int kw = j - r * S;
+      if (kw >= 0 && kw < K) {
+#pragma unroll
+        for (int e = 0; e < V; ++e) acc[r][e] = fmaf(v[e], wk[kw][e], acc[r][e]);
+      }
+    }
+  }
+}
+
+template <typename T, int K, int S, int RW, bool WREG>
+__global__ void __launch_bounds__(kV3Threads, 2)
+    fwd_nhwc_v3(const T* __restrict__ in, const T* __restrict__ w,
+                const T* __restrict__ bias, T* __restrict__ out, const V3Args a) {
+  constexpr int V = 16 / static_cast<int>(sizeof(T));
+  constexpr int Q = V / 4;  // float4s per channel group
+  constexpr int KK = K * K;
+  extern __shared__ uint4 smem_v3[];
+
+  const int CGb = blockDim.x;
+  const int PT = blockDim.y;
+  const int cg = threadIdx.x;
+  const int ty = threadIdx.y;
+  const int tid = ty * CGb + cg;
+  const int nthr = CGb * PT;
+
+  int64_t b = blockIdx.x;
+  const int chunk = static_cast<int>(b % a.nCh);
+  b /= a.nCh;
+  const int txt = static_cast<int>(b % a.nTx);
+  b /= a.nTx;
+  const int tyt = static_cast<int>(b % a.nTy);
+  const int64_t n = b / a.nTy;
+
+  const int cgg = chunk * CGb + cg;  // channel group in the tensor
+  const bool cok = cgg < a.CG;
+  const int c = cgg * V;
+  const int oy0 = tyt * a.TH;
+  const int ox0 = txt * a.NG * RW;
+  const int iy0 = oy0 * S - a.PH;
+  const int ix0 = ox0 * S - a.PW;
+  const int IW = a.IW;
+
+  uint4* tile = smem_v3;  // [IH][IW][CGb]
+  float* sw = reinterpret_cast<float*>(smem_v3 + static_cast<size_t>(a.IH) * IW * CGb);
+
+  // 1. Input tile, band by band: one commit group per band of output rows.
+  {
+    const T* in_n = in + n * a.H * static_cast<int64_t>(a.W) * a.C;
+    const int dr = PT / IW;  // pixel step PT as (rows, columns)
+    const int dc = PT - dr * IW;
+    const int r0 = ty / IW;
+    const int c0 = ty - r0 * IW;
+    int rs = 0;
+    for (int g = 0; g < a.nb; ++g) {
+      const int re = g == a.nb - 1 ? a.IH : min(a.IH, ((g + 1) * a.THb - 1) * S + K);
+      int row = rs + r0;
+      int col = c0;
+      while (row < re) {
+        const int iy = iy0 + row;
+        const int ix = ix0 + col;
+        const bool ok = cok && static_cast<unsigned>(iy) < static_cast<unsigned>(a.H) &&
+                        static_cast<unsigned>(ix) < static_cast<unsigned>(a.W);
+        const T* src = ok ? in_n + (static_cast<int64_t>(iy) * a.W + ix) * a.C + c : in;
+        v3_cp_async16(tile + (row * IW + col) * CGb + cg, src, ok);
+        col += dc;
+        row += dr;
+        if (col >= IW) {
+          col -= IW;
+          ++row;
+        }
+      }
+      v3_cp_async_commit();
+      rs = re;
+    }
+  }
+
+  // 2. Weights and bias of the block's channels as float32, [tap][Q][CGb][4];
+  //    tap KK holds the bias. Zero for channels past C.
+  {
+    const int CB = CGb * V;
+    const int cbase = chunk * CB;
+    for (int i = tid; i < CB * KK; i += nthr) {
+      const int cl = i / KK;
+      const int t = i - cl * KK;
+      const int cc = cbase + cl;
+      float v = 0.f;
+      if (cc < a.C) v = to_float(w[static_cast<int64_t>(cc) * KK + (a.flip ? KK - 1 - t : t)]);
+      sw[((t * Q + (cl % V) / 4) * CGb + cl / V) * 4 + (cl & 3)] = v;
+    }
+    for (int i = tid; i < CB; i += nthr) {
+      const int cc = cbase + i;
+      sw[((KK * Q + (i % V) / 4) * CGb + i / V) * 4 + (i & 3)] =
+          (bias != nullptr && cc < a.C) ? to_float(bias[cc]) : 0.f;
+    }
+  }
+
+  // 3. Bands.
+  const float4* swv = reinterpret_cast<const float4*>(sw);
+  const int gcol = ty % a.NG;
+  const int rl = ty / a.NG;
+  float wr[WREG ? KK : 1][V];
+  for (int g = 0; g < a.nb; ++g) {
+    v3_cp_async_wait_dyn(a.nb - 1 - g);
+    __syncthreads();
+    if constexpr (WREG) {
+      if (g == 0) {
+#pragma unroll
+        for (int t = 0; t < KK; ++t)
+#pragma unroll
+          for (int q = 0; q < Q; ++q) {
+            const float4 f = swv[(t * Q + q) * CGb + cg];
+            wr[t][4 * q + 0] = f.x;
+            wr[t][4 * q + 1] = f.y;
+            wr[t][4 * q + 2] = f.z;
+            wr[t][4 * q + 3] = f.w;
+          }
+      }
+    }
+    const int lr = g * a.THb + rl;  // output row within the tile
+    const int oy = oy0 + lr;
+    if (!cok || lr >= a.TH || oy >= a.Ho) continue;
+
+    float acc[RW][V];
+#pragma unroll
+    for (int q = 0; q < Q; ++q) {
+      const float4 f = swv[(KK * Q + q) * CGb + cg];
+#pragma unroll
+      for (int r = 0; r < RW; ++r) {
+        acc[r][4 * q + 0] = f.x;
+        acc[r][4 * q + 1] = f.y;
+        acc[r][4 * q + 2] = f.z;
+        acc[r][4 * q + 3] = f.w;
+      }
+    }
+    const uint4* tp = tile + (lr * S * IW + gcol * RW * S) * CGb + cg;
+    if constexpr (WREG) {
+#pragma unroll
+      for (int kh = 0; kh < K; ++kh)
+        v3_row<T, K, S, RW, V>(tp + kh * IW * CGb, CGb, &wr[kh * K], acc);
+    } else {
+#pragma unroll 1
+      for (int kh = 0; kh < K; ++kh) {
+        float wk[K][V];
+#pragma unroll
+        for (int kw = 0; kw < K; ++kw)
+#pragma unroll
+          for (int q = 0; q < Q; ++q) {
+            const float4 f = swv[((kh * K + kw) * Q + q) * CGb + cg];
+            wk[kw][4 * q + 0] = f.x;
+            wk[kw][4 * q + 1] = f.y;
+            wk[kw][4 * q + 2] = f.z;
+            wk[kw][4 * q + 3] = f.w;
+          }
+        v3_row<T, K, S, RW, V>(tp + kh * IW * CGb, CGb, wk, acc);
+      }
+    }
+
+    const int oxg = ox0 + gcol * RW;
+    T* op = out + ((n * a.Ho + oy) * static_cast<int64_t>(a.Wo) + oxg) * a.C + c;
+#pragma unroll
+    for (int r = 0; r < RW; ++r)
+      if (oxg + r < a.Wo) store_vec<T, V>(op + static_cast<int64_t>(r) * a.C, acc[r]);
+  }
+}
+
+// Channel chunk of at most `hi` groups (and at least hi/2) with the fewest
+// idle groups in the last chunk; ties go to multiples of 8, then of 4 (whole
+// 128-byte lines per pixel, conflict-free shared-memory phases), then to the
+// larger chunk.
+void v3_chunking(int CG, int hi, int& nCh, int& CGb) {
+  if (CG <= hi) {
+    nCh = 1;
+    CGb = CG;
+    return;
+  }
+  int best_key = 1 << 30;
+  for (int cgb = hi; cgb >= (hi + 1) / 2; --cgb) {
+    const int nch = (CG + cgb - 1) / cgb;
+    const int waste = nch * cgb - CG;
+    const int align = cgb % 8 == 0 ? 0 : (cgb % 4 == 0 ? 1 : 2);
+    const int key = (waste * 4 + align) * 64 + (64 - cgb);
+    if (key < best_key) {
+      best_key = key;
+      nCh = nch;
+      CGb = cgb;
+    }
+  }
+}
+
+// Tile geometry of one launch. false when even one output row per tile does
+// not fit in kV3SmemBudget or the grid is too large.
+bool v3_plan(const FastShape& s, int K, int S, int RW, int V, V3Args& a, dim3& block,
+             size_t& smem, int64_t& blocks) {
+  a.C = s.C;
+  a.H = s.H;
+  a.W = s.W;
+  a.Ho = s.Ho;
+  a.Wo = s.Wo;
+  a.PH = s.PH;
+  a.PW = s.PW;
+  a.CG = s.C / V;
+  // Columns: tiles of at most about kV3TileInCols input columns.
+  int ngmax = ((kV3TileInCols - K) / S + 1) / RW;
+  if (ngmax < 1) ngmax = 1;
+  const int ngt = (s.Wo + RW - 1) / RW;
+  a.nTx = (ngt + ngmax - 1) / ngmax;
+  a.NG = (ngt + a.nTx - 1) / a.nTx;
+  a.IW = (a.NG * RW - 1) * S + K;
+  // Channels.
+  int CGb = 0;
+  v3_chunking(a.CG, K >= 7 ? 8 : 12, a.nCh, CGb);
+  // Rows: bands of THb rows (one position per thread per band), as many bands
+  // as the shared-memory budget allows, fewer while the grid is small.
+  const size_t wbytes = static_cast<size_t>(K * K + 1) * CGb * V * sizeof(float);
+  const size_t rowb = static_cast<size_t>(a.IW) * CGb * 16;
+  if (wbytes + static_cast<size_t>(K) * rowb > static_cast<size_t>(kV3SmemBudget)) return false;
+  const int ihmax = static_cast<int>((kV3SmemBudget - wbytes) / rowb);
+  const int thmax = (ihmax - K) / S + 1;  // >= 1
+  int THb = kV3Threads / (CGb * a.NG);
+  if (THb < 1) THb = 1;
+  if (THb > thmax) THb = thmax;
+  int TH;
+  if (s.Ho <= THb) {
+    TH = s.Ho;
+  } else {
+    int nbands = thmax / THb;
+    if (nbands > kV3MaxBands) nbands = kV3MaxBands;
+    if (nbands < 1) nbands = 1;
+    TH = nbands * THb < s.Ho ? nbands * THb : s.Ho;
+    while (nbands > 1 && static_cast<int64_t>(s.N) * ((s.Ho + TH - 1) / TH) * a.nTx * a.nCh <
+                             kV3MinBlocks) {
+      --nbands;
+      TH = nbands * THb < s.Ho ? nbands * THb : s.Ho;
+    }
+  }
+  a.nTy = (s.Ho + TH - 1) / TH;
+  a.TH = (s.Ho + a.nTy - 1) / a.nTy;  // balanced: <= TH
+  a.nb = (a.TH + THb - 1) / THb;      // <= kV3MaxBands
+  a.THb = (a.TH + a.nb - 1) / a.nb;   // <= THb
+  a.IH = (a.TH - 1) * S + K;
+  smem = static_cast<size_t>(a.IH) * rowb + wbytes;
+  blocks = static_cast<int64_t>(s.N) * a.nTy * a.nTx * a.nCh;
+  block = dim3(CGb, a.THb * a.NG);
+  return smem <= static_cast<size_t>(kV3SmemBudget) && blocks < (int64_t(1) << 31) &&
+         CGb * a.THb * a.NG <= kV3Threads;
+}
+
+template <typename T, int K, int S, int RW, bool WREG>
+bool run_nhwc_v3(const void* in, const void* w, const void* bias, void* out,
+                 const FastShape& s, bool flip, cudaStream_t stream) {
+  constexpr int V = 16 / static_cast<int>(sizeof(T));
+  V3Args a;
+  dim3 block;
+  size_t smem = 0;
+  int64_t blocks = 0;
+  if (!v3_plan(s, K, S, RW, V, a, block, smem, blocks)) return false;
+  a.flip = flip;
+  auto kern = fwd_nhwc_v3<T, K, S, RW, WREG>;
+  if (smem > 48 * 1024) {
+    // Opt in to more than 48 KiB of dynamic shared memory, once per device.
+    static std::atomic<unsigned long long> opted{0};
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return false;
+    const unsigned long long bit = dev < 64 ? (1ull << dev) : 0ull;
+    if (bit == 0 || (opted.load(std::memory_order_relaxed) & bit) == 0) {
+      if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               kV3SmemBudget) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+      }
+      opted.fetch_or(bit, std::memory_order_relaxed);
+    }
+  }
+  kern<<<static_cast<unsigned>(blocks), block, smem, stream>>>(
+      static_cast<const T*>(in), static_cast<const T*>(w), static_cast<const T*>(bias),
+      static_cast<T*>(out), a);
+  return true;
+}
+
+template <typename T>
+bool dispatch_nhwc_v3(const void* in, const void* w, const void* bias, void* out,
+                      const FastShape& s, bool flip, cudaStream_t stream) {
+  // (K, S) -> outputs per thread along W (RW); 3x3 keeps all 9 taps in
+  // registers (WREG).
+#define CDO_DW_V3(KK, SS, RW, WREG)                                                   \
+  if (s.K == KK && s.S == SS)                                                         \
+    return run_nhwc_v3<T, KK, SS, RW, WREG>(in, w, bias, out, s, flip, stream);
+  CDO_DW_V3(3, 1, 4, true)
+  CDO_DW_V3(3, 2, 2, true)
+  CDO_DW_V3(5, 1, 4, false)
+  CDO_DW_V3(5, 2, 4, false)
+  CDO_DW_V3(7, 1, 4, false)
+  CDO_DW_V3(7, 2, 2, false)
+#undef CDO_DW_V3
+  return false;
+}
+
 }  // namespace
 
 bool launch_fwd_nchw(DType dt, const void* in, const void* w, const void* bias,
@@ -846,9 +1255,9 @@ bool launch_fwd_nchw_v2(DType dt, const void* in, const void* w, const void* bia
   return dispatch_type_v2(dt, false, in, w, bias, out, s, flip, stream);
 }
 
-bool launch_fwd_nhwc_v2(DType dt, const void* in, const void* w, const void* bias,
-                        void* out, const FastShape& s, bool flip,
-                        cudaStream_t stream) {
+bool launch_fwd_nhwc_v2_kernel(DType dt, const void* in, const void* w, const void* bias,
+                               void* out, const FastShape& s, bool flip,
+                               cudaStream_t stream) {
   if (s.Ho <= 0 || s.Wo <= 0 || s.N <= 0 || s.C <= 0 || s.H <= 0 || s.W <= 0) return false;
   // 16 bytes of channels per thread: C a multiple of 4 (float32) or 8 (16-bit),
   // 16-byte aligned tensors.
@@ -857,6 +1266,36 @@ bool launch_fwd_nhwc_v2(DType dt, const void* in, const void* w, const void* bia
       (reinterpret_cast<uintptr_t>(out) & 15u))
     return false;
   return dispatch_type_v2(dt, true, in, w, bias, out, s, flip, stream);
+}
+
+bool launch_fwd_nhwc_v3(DType dt, const void* in, const void* w, const void* bias,
+                        void* out, const FastShape& s, bool flip,
+                        cudaStream_t stream) {
+  if (s.Ho <= 0 || s.Wo <= 0 || s.N <= 0 || s.C <= 0 || s.H <= 0 || s.W <= 0) return false;
+  // 16-byte groups of channels: C a multiple of 4 (float32) or 8 (16-bit), 16-byte
+  // aligned input and output (cp.async and vector stores).
+  const int V = dt == DType::F32 ? 4 : 8;
+  if (s.C % V != 0 || (reinterpret_cast<uintptr_t>(in) & 15u) ||
+      (reinterpret_cast<uintptr_t>(out) & 15u))
+    return false;
+  switch (dt) {
+    case DType::F32:
+      return dispatch_nhwc_v3<float>(in, w, bias, out, s, flip, stream);
+    case DType::F16:
+      return dispatch_nhwc_v3<c10::Half>(in, w, bias, out, s, flip, stream);
+    case DType::BF16:
+      return dispatch_nhwc_v3<c10::BFloat16>(in, w, bias, out, s, flip, stream);
+  }
+  return false;
+}
+
+bool launch_fwd_nhwc_v2(DType dt, const void* in, const void* w, const void* bias,
+                        void* out, const FastShape& s, bool flip,
+                        cudaStream_t stream) {
+  // The default channels_last forward: the third-generation kernel for 16-bit
+  // types where it applies, else the second-generation kernel.
+  if (dt != DType::F32 && launch_fwd_nhwc_v3(dt, in, w, bias, out, s, flip, stream)) return true;
+  return launch_fwd_nhwc_v2_kernel(dt, in, w, bias, out, s, flip, stream);
 }
 
 }  // namespace depthwise

@@ -399,6 +399,130 @@ def test_impl_names():
     # test_compiled_op_bad_arguments_raise_runtime_error_in_subprocess).
 
 
+# ---- channels_last forward, third generation --------------------------------------------------
+# "auto" runs the third-generation channels_last kernel (input tiles staged in shared memory with
+# cp.async) for float16/bfloat16 when C % 8 == 0 and input and output are 16-byte aligned, and
+# otherwise falls back to the second-/first-generation kernels or the direct kernel. "nhwc_v3",
+# where this build names it, asks for that kernel explicitly (float32 included) with the same
+# fallbacks.
+
+from cudadoctor_ops import depthwise as _dw_module  # noqa: E402
+
+V3_IMPLS = ["auto"] + (["nhwc_v3"] if "nhwc_v3" in _dw_module._IMPLS else [])
+V3_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+V3_KS = [(3, 1), (3, 2), (5, 1), (5, 2), (7, 1), (7, 2)]
+# Odd sizes, square, 1x1 (channels_last and contiguous at once: the NCHW path), one row, H smaller
+# than the kernel, and a width of two column tiles.
+V3_HW = [(13, 17), (7, 7), (1, 1), (1, 5), (3, 9), (9, 70)]
+# 12 is not a multiple of 8: the 16-byte kernels step aside (4-channel kernel).
+V3_C = [8, 16, 24, 144, 12]
+
+
+def _v3_check(x, wt, b, s, p, impls=None):
+    """Every impl in `impls` (default V3_IMPLS) against F.conv2d in float64."""
+    ref = F.conv2d(x.double(), wt.double(), None if b is None else b.double(), s, p, 1,
+                   groups=x.shape[1])
+    for impl in impls or V3_IMPLS:
+        out = depthwise_conv2d(x, wt, b, s, p, impl=impl)
+        assert out.shape == ref.shape and out.dtype == x.dtype, impl
+        if not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
+            assert out.is_contiguous(memory_format=torch.channels_last), impl
+        err = _rel_err(out, ref)
+        assert err < FWD_TOL[x.dtype], f"{impl}: relative error {err:.2e} against float64"
+
+
+def _v3_tensors(n, c, h, w, k, dtype, bias, seed=3):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    x = torch.randn(n, c, h, w, device=DEV, generator=g).to(dtype)
+    x = x.contiguous(memory_format=torch.channels_last)
+    wt = torch.randn(c, 1, k, k, device=DEV, generator=g).to(dtype)
+    b = torch.randn(c, device=DEV, generator=g).to(dtype) if bias else None
+    return x, wt, b
+
+
+@pytest.mark.parametrize("c", V3_C)
+@pytest.mark.parametrize("hw", V3_HW, ids=lambda hw: f"{hw[0]}x{hw[1]}")
+@pytest.mark.parametrize("ks", V3_KS, ids=lambda ks: f"k{ks[0]}s{ks[1]}")
+@pytest.mark.parametrize("dtype", V3_DTYPES, ids=str)
+def test_nhwc_v3_forward_matches_float64(dtype, ks, hw, c):
+    k, s = ks
+    h, w = hw
+    for n in (1, 3):
+        for bias in (True, False):
+            x, wt, b = _v3_tensors(n, c, h, w, k, dtype, bias)
+            _v3_check(x, wt, b, s, k // 2)
+
+
+# Shapes whose tiles hold several bands of rows (several cp.async commit groups per block), and
+# two MobileNetV2 / EfficientNet-B0 layers at batch 64.
+V3_LARGE = [
+    (8, 96, 112, 115, 3, 1),
+    (16, 96, 112, 115, 3, 2),
+    (8, 96, 112, 115, 5, 1),
+    (32, 24, 112, 115, 7, 1),
+    (2, 144, 56, 56, 5, 2),
+    (64, 144, 56, 56, 3, 1),
+    (64, 240, 28, 28, 5, 1),
+]
+
+
+@pytest.mark.parametrize("case", V3_LARGE, ids=lambda t: "{}x{}x{}x{}-k{}-s{}".format(*t))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_nhwc_v3_forward_large_tiles(dtype, case):
+    n, c, h, w, k, s = case
+    x, wt, b = _v3_tensors(n, c, h, w, k, dtype, bias=True)
+    _v3_check(x, wt, b, s, k // 2)
+
+
+@pytest.mark.parametrize("offset", [1, 4, 8])  # elements: 2, 8 and 16 bytes for 16-bit types
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_nhwc_v3_forward_storage_offset(dtype, offset):
+    # A channels_last view at a storage offset: only the 16-byte multiple keeps the 16-byte paths.
+    n, c, h, w = 2, 16, 11, 13
+    buf = torch.randn(n * c * h * w + offset, device=DEV).to(dtype)
+    x = torch.as_strided(buf, (n, c, h, w), (h * w * c, 1, w * c, c), offset)
+    assert x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    assert (x.data_ptr() % 16 == 0) == (offset * x.element_size() % 16 == 0)
+    g = torch.Generator(device=DEV).manual_seed(4)
+    for k, s in ((3, 1), (3, 2), (5, 1), (7, 2)):
+        wt = torch.randn(c, 1, k, k, device=DEV, generator=g).to(dtype)
+        b = torch.randn(c, device=DEV, generator=g).to(dtype)
+        _v3_check(x, wt, b, s, k // 2, impls=V3_IMPLS + ["tiled_v1", "direct"])
+
+
+def _cuda_kernel_names(fn) -> list[str]:
+    """Names of the events (CUDA kernels among them) the profiler records while fn runs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()  # errors of fn itself surface here, outside the profiler
+    torch.cuda.synchronize()
+    try:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        return [e.key for e in prof.key_averages()]
+    except (RuntimeError, AssertionError) as exc:  # profiler unavailable in this environment
+        pytest.skip(f"torch.profiler could not record CUDA kernels: {exc}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_auto_channels_last_forward_runs_nhwc_v3_for_16_bit_types(dtype):
+    def names(c, offset=0):
+        buf = torch.randn(2 * c * 12 * 12 + offset, device=DEV).to(dtype)
+        x = torch.as_strided(buf, (2, c, 12, 12), (144 * c, 1, 12 * c, c), offset)
+        wt = torch.randn(c, 1, 3, 3, device=DEV).to(dtype)
+        return _cuda_kernel_names(lambda: depthwise_conv2d(x, wt, None, 1, 1))
+
+    got = names(16)
+    if not any("fwd" in n for n in got):
+        pytest.skip(f"the profiler recorded no forward kernel (kernels seen: {got})")
+    assert any("fwd_nhwc_v3" in n for n in got) == (dtype != torch.float32), got
+    # C % 8 != 0 and a 2-byte offset: never the 16-byte kernel.
+    for c, offset in ((12, 0), (16, 1)):
+        got = names(c, offset)
+        assert not any("fwd_nhwc_v3" in n for n in got), (c, offset, got)
+
+
 # ---- errors raised by the compiled op itself (no Python-side checks in front) -----------------
 
 # Runs in a child process: a crash there (a signal) must fail this test, not kill pytest. Each
