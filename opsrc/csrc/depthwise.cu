@@ -10,8 +10,11 @@
 // the fast kernels of depthwise_fwd.cu / depthwise_wgrad.cu where they apply
 // (forward: the second-generation kernels, falling back to the first-generation
 // ones); impl=2 ("tiled_v1") is impl=0 with the forward pinned to the
-// first-generation kernels, kept so that old and new can be timed side by side.
-// The backward ops treat 2 like 0.
+// first-generation kernels, kept so that old and new can be timed side by side;
+// impl=3 ("nhwc_v3") runs the channels_last forward on the third-generation
+// kernel where it applies (float32 too); impl=4 ("v2") pins the forward to the
+// second-generation kernels (the default before nhwc_v3). The backward ops
+// treat 2, 3 and 4 like 0.
 #include <array>
 #include <optional>
 #include <tuple>
@@ -291,10 +294,13 @@ FastShape fast_shape(const Geom& g) {
 constexpr int64_t kImplAuto = 0;
 constexpr int64_t kImplDirect = 1;
 constexpr int64_t kImplTiledV1 = 2;
+constexpr int64_t kImplNhwcV3 = 3;
+constexpr int64_t kImplV2 = 4;
 
 void check_impl(int64_t impl) {
-  TORCH_CHECK(impl == kImplAuto || impl == kImplDirect || impl == kImplTiledV1,
-              "depthwise_conv2d: impl must be 0 (auto), 1 (direct) or 2 (tiled_v1), got ", impl);
+  TORCH_CHECK(impl >= kImplAuto && impl <= kImplV2,
+              "depthwise_conv2d: impl must be 0 (auto), 1 (direct), 2 (tiled_v1), 3 (nhwc_v3) "
+              "or 4 (v2), got ", impl);
 }
 
 at::Tensor forward_cuda(const at::Tensor& input_, const at::Tensor& weight_,
@@ -327,11 +333,18 @@ at::Tensor forward_cuda(const at::Tensor& input_, const at::Tensor& weight_,
   if (impl != kImplDirect && fast_dtype(input.scalar_type(), dt) && fast_geom(g)) {
     const FastShape s = fast_shape(g);
     const void* bp = bias.defined() ? bias.data_ptr() : nullptr;
-    if (impl == kImplAuto) {
-      const bool ok2 = cl ? launch_fwd_nhwc_v2(dt, input.data_ptr(), weight.data_ptr(), bp,
-                                               out.data_ptr(), s, false, stream)
-                          : launch_fwd_nchw_v2(dt, input.data_ptr(), weight.data_ptr(), bp,
-                                               out.data_ptr(), s, false, stream);
+    if (impl == kImplAuto || impl == kImplNhwcV3 || impl == kImplV2) {
+      const void* ip = input.data_ptr();
+      const void* wp = weight.data_ptr();
+      void* op_ = out.data_ptr();
+      bool ok2 = false;
+      if (!cl)
+        ok2 = launch_fwd_nchw_v2(dt, ip, wp, bp, op_, s, false, stream);
+      else if (impl == kImplAuto)
+        ok2 = launch_fwd_nhwc_v2(dt, ip, wp, bp, op_, s, false, stream);
+      else
+        ok2 = (impl == kImplNhwcV3 && launch_fwd_nhwc_v3(dt, ip, wp, bp, op_, s, false, stream)) ||
+              launch_fwd_nhwc_v2_kernel(dt, ip, wp, bp, op_, s, false, stream);
       if (ok2) {
         C10_CUDA_KERNEL_LAUNCH_CHECK();
         return out;

@@ -49,8 +49,10 @@ TORCH_LIBRARY(cudadoctor_ops, m) {
 
   // ---- Depthwise conv2d (csrc/depthwise*.cu, cudadoctor_ops/depthwise.py) ----
   // groups == input channels; weight [C*multiplier, 1, kh, kw]. impl: 0 auto (fast kernels where
-  // they apply), 1 direct reference kernels, 2 forward on the previous ("tiled_v1") fast kernels
-  // (backward as 0). Output keeps input's layout (NCHW or channels_last).
+  // they apply), 1 direct reference kernels, 2 / 4 forward on the first ("tiled_v1") / second
+  // ("v2") generation fast kernels, 3 channels_last forward on the third ("nhwc_v3") for every
+  // fast dtype (backward as 0). Output keeps input's layout (NCHW or channels_last). Autograd:
+  // csrc/depthwise_host.cpp.
   m.def(
       "depthwise_conv2d(Tensor input, Tensor weight, Tensor? bias, int[2] stride, "
       "int[2] padding, int[2] dilation, int impl=0) -> Tensor");

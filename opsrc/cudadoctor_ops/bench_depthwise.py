@@ -11,7 +11,7 @@ against the device-to-device copy bandwidth measured in the same run. Targets: f
 backward >= 1.5x on the fp32 NCHW shapes; >= 1x on the fp16/bf16 channels_last MobileNetV2 /
 EfficientNet-B0 layers at batch 64. A row whose result differs from torch's is never "met".
 
-Forward rows also time the previous generation of fast kernels (``impl=2``, "tiled_v1") in the
+Forward rows also time the previous generation of fast kernels (``impl=4``, "v2") in the
 same run: each forward row carries ``prev_ms`` and ``prev_ratio`` (torch / previous) in the JSON,
 a progress line per shape gives new, previous and torch side by side, and a summary of the three
 is printed before the table.
@@ -80,7 +80,7 @@ def _rel_err(got, ref) -> float:
     return (got.float() - ref.float()).abs().max().item() / max(ref.float().abs().max().item(), 1e-6)
 
 
-_IMPL_AUTO, _IMPL_TILED_V1 = 0, 2
+_IMPL_AUTO, _IMPL_PREV = 0, 4  # "v2" (impl 4): the previous default fast kernels
 
 
 def _row_type():
@@ -88,7 +88,7 @@ def _row_type():
 
     @dataclasses.dataclass
     class DepthwiseRow(Row):
-        # Forward rows: the previous fast kernels (impl=2) timed in the same run, and torch / them.
+        # Forward rows: the previous fast kernels (impl=4, "v2") timed in the same run, and torch / them.
         prev_ms: float = 0.0
         prev_ratio: float = 0.0
 
@@ -108,7 +108,7 @@ def _case_rows(timer, copy_tbps, group, n, c, h, w, k, s, dtype, layout, target_
         return ops.depthwise_conv2d(x, wt, None, st, pd, dl, _IMPL_AUTO)
 
     def fwd_prev():
-        return ops.depthwise_conv2d(x, wt, None, st, pd, dl, _IMPL_TILED_V1)
+        return ops.depthwise_conv2d(x, wt, None, st, pd, dl, _IMPL_PREV)
 
     def fwd_torch():
         return F.conv2d(x, wt, None, s, p, 1, c)
@@ -146,10 +146,10 @@ def _case_rows(timer, copy_tbps, group, n, c, h, w, k, s, dtype, layout, target_
             row.prev_ms = timer(fwd_prev)
             row.prev_ratio = row.torch_ms / row.prev_ms if row.prev_ms > 0 else 0.0
             print(f"  depthwise fwd k{k} s{s} {group} {(n, c, h, w)} {_SHORT[dtype]} "
-                  f"{layout.lower()}: new {row.ours_ms:.4f} ms, tiled_v1 {row.prev_ms:.4f} ms, "
-                  f"torch {row.torch_ms:.4f} ms -> new {row.ratio:.2f}x, tiled_v1 "
-                  f"{row.prev_ratio:.2f}x of torch; new/tiled_v1 {row.prev_ms / row.ours_ms:.2f}x"
-                  + ("" if ok_prev else "  (tiled_v1 RESULT MISMATCH)"),
+                  f"{layout.lower()}: new {row.ours_ms:.4f} ms, v2 {row.prev_ms:.4f} ms, "
+                  f"torch {row.torch_ms:.4f} ms -> new {row.ratio:.2f}x, v2 "
+                  f"{row.prev_ratio:.2f}x of torch; new/v2 {row.prev_ms / row.ours_ms:.2f}x"
+                  + ("" if ok_prev else "  (v2 RESULT MISMATCH)"),
                   file=sys.stderr, flush=True)
         if not ok:
             row.ok = False
@@ -177,8 +177,8 @@ def bench_rows(args, timer, copy_tbps) -> list:
 
 
 def forward_summary(rows) -> str:
-    """Forward rows: current kernels, previous (tiled_v1) kernels and torch side by side."""
-    lines = ["depthwise forward: current kernels vs previous (tiled_v1) vs torch, same run",
+    """Forward rows: current kernels, previous (v2) kernels and torch side by side."""
+    lines = ["depthwise forward: current kernels vs previous (v2) vs torch, same run",
              f"  {'shape':<34} {'dtype':<5} {'layout':<6} {'new ms':>8} {'v1 ms':>8} "
              f"{'torch ms':>8} {'new/torch':>9} {'v1/torch':>8} {'new vs v1':>9}"]
     for r in rows:

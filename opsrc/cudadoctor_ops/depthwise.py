@@ -13,7 +13,10 @@ float32/float16/bfloat16, NCHW and channels_last) and direct reference kernels f
 (any kernel size, stride, dilation, padding, multiplier; float64 too). ``impl="direct"`` or the
 environment variable ``CUDADOCTOR_OPS_DEPTHWISE_IMPL=direct`` forces the reference kernels;
 ``impl="tiled_v1"`` runs the forward on the first-generation tiled kernels instead of the current
-ones (the backward is the same as ``"auto"``), so that both can be timed in one run.
+ones, ``impl="v2"`` on the second-generation ones, and ``impl="nhwc_v3"`` runs the channels_last
+forward on the third-generation kernel (shared-memory tiles staged with cp.async; what ``"auto"``
+runs for float16/bfloat16) for every fast dtype, float32 included (the backward is the same as
+``"auto"`` for all three), so that they can be timed in one run.
 The output keeps the input's memory format (channels_last in, channels_last out).
 """
 
@@ -27,7 +30,7 @@ from torch import nn
 
 __all__ = ["depthwise_conv2d", "DepthwiseConv2d"]
 
-_IMPLS = {"auto": 0, "direct": 1, "tiled_v1": 2}
+_IMPLS = {"auto": 0, "direct": 1, "tiled_v1": 2, "nhwc_v3": 3, "v2": 4}
 _ENV_IMPL = "CUDADOCTOR_OPS_DEPTHWISE_IMPL"
 
 _IMPORT_IMPL = os.environ.get(_ENV_IMPL, "auto") or "auto"
@@ -174,35 +177,9 @@ def _backward_weight_fake(grad_output, input, weight, stride, padding, dilation,
 # ---- autograd --------------------------------------------------------------------------------
 
 
-def _setup_context(ctx, inputs, output):
-    input, weight, bias, stride, padding, dilation, impl = inputs
-    ctx.save_for_backward(input, weight)
-    ctx.has_bias = bias is not None
-    ctx.conv_args = (list(stride), list(padding), list(dilation), impl)
-
-
-def _backward(ctx, grad_output):
-    input, weight = ctx.saved_tensors
-    stride, padding, dilation, impl = ctx.conv_args
-    need_in, need_w, need_b = ctx.needs_input_grad[:3]
-    need_b = need_b and ctx.has_bias
-    grad_input = grad_weight = grad_bias = None
-    if need_in:
-        grad_input = _ops.depthwise_conv2d_backward_input(
-            grad_output, input, weight, stride, padding, dilation, impl
-        )
-    if need_w or need_b:
-        gw, gb = _ops.depthwise_conv2d_backward_weight(
-            grad_output, input, weight, stride, padding, dilation, need_b, impl
-        )
-        grad_weight = gw if need_w else None
-        grad_bias = gb if need_b else None
-    return grad_input, grad_weight, grad_bias, None, None, None, None
-
-
-torch.library.register_autograd(
-    "cudadoctor_ops::depthwise_conv2d", _backward, setup_context=_setup_context
-)
+# The autograd formula of depthwise_conv2d is a C++ autograd Function (csrc/depthwise_host.cpp):
+# grad_input from depthwise_conv2d_backward_input, grad_weight and grad_bias from
+# depthwise_conv2d_backward_weight, with the forward's impl; no Python runs in the backward.
 
 
 # ---- public API ------------------------------------------------------------------------------
@@ -222,8 +199,9 @@ def depthwise_conv2d(
 
     ``weight`` is ``[C * multiplier, 1, kh, kw]``; ``stride``, ``padding`` and ``dilation`` are
     ints or (h, w) pairs. ``impl``: ``"auto"`` (default; fast kernels where they apply) or
-    ``"direct"`` (reference kernels) or ``"tiled_v1"`` (forward on the first-generation fast
-    kernels); ``None`` reads ``$CUDADOCTOR_OPS_DEPTHWISE_IMPL``.
+    ``"direct"`` (reference kernels) or ``"tiled_v1"`` / ``"v2"`` (forward on the first- /
+    second-generation fast kernels) or ``"nhwc_v3"`` (channels_last forward on the
+    third-generation kernel where it applies); ``None`` reads ``$CUDADOCTOR_OPS_DEPTHWISE_IMPL``.
     Inputs must be CUDA tensors of one dtype (float32, float16, bfloat16 or float64).
     """
     for name, t in (("input", input), ("weight", weight), ("bias", bias)):

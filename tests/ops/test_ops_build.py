@@ -119,6 +119,16 @@ def test_wheel_imports_and_fakes_work_without_gpu(built_wheel):
         y = ns.batch_norm_forward(xg, None, bg, None, None, True, 0.1, 1e-5, "none")
         (gb_,) = torch.autograd.grad(y, (bg,), torch.empty_like(y))
         assert gb_.shape == (8,)
+        # depthwise_conv2d's autograd is a C++ Function too
+        assert torch._C._dispatch_has_kernel_for_dispatch_key("cudadoctor_ops::depthwise_conv2d", "Autograd")
+        xd = torch.empty(2, 8, 9, 9, device="meta", requires_grad=True)
+        wd = torch.empty(8, 1, 3, 3, device="meta", requires_grad=True)
+        for bd in (torch.empty(8, device="meta", requires_grad=True), None):
+            yd = ns.depthwise_conv2d(xd, wd, bd, [2, 2], [1, 1], [1, 1], 0)
+            assert yd.shape == (2, 8, 5, 5) and yd.grad_fn is not None, yd
+            wanted = (xd, wd) + ((bd,) if bd is not None else ())
+            gs = torch.autograd.grad(yd, wanted, torch.empty_like(yd))
+            assert [tuple(g.shape) for g in gs] == [tuple(t.shape) for t in wanted], gs
         m = cudadoctor_ops.BatchNorm2d(8, activation="relu")
         assert isinstance(m, torch.nn.BatchNorm2d)
         assert m.state_dict().keys() == torch.nn.BatchNorm2d(8).state_dict().keys()
