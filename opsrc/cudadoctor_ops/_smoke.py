@@ -144,6 +144,11 @@ def _depthwise_cases():
         _dw_case("bwd_3x3_s2_channels_last_bf16", 2, 8, 10, 9, 3, stride=2, backward=True,
                  dtype=torch.bfloat16, channels_last=True),
         _dw_case("bwd_direct_4x4", 1, 8, 12, 12, 4, padding=2, backward=True),
+        # channels_last float16/bfloat16: the shared-memory tile kernel (nhwc_v3), odd sizes
+        _dw_case("fwd_3x3_channels_last_fp16", 2, 24, 30, 37, 3, dtype=torch.float16, channels_last=True),
+        _dw_case("fwd_5x5_channels_last_bf16", 1, 16, 17, 19, 5, dtype=torch.bfloat16, channels_last=True),
+        _dw_case("fwd_7x7_s2_channels_last_fp16", 1, 8, 15, 13, 7, stride=2, dtype=torch.float16,
+                 channels_last=True),
     ]
 
 
