@@ -24,6 +24,11 @@
 // Layouts: conv_out is read in the layout the convolution produced, NCHW ([N, C, HW]) or NHWC
 // ([N*HW, C]); elementwise passes walk memory linearly in groups of 8 elements (one mask byte per
 // group). All element offsets are 64-bit.
+//
+// Two kernel sets for NHWC: v2 (default; see "NHWC kernels, v2") and v1, selected with the
+// environment variable CUDADOCTOR_OPS_CBR_V1=1 (read at every call). Both write and read the same
+// mask and statistics, so a forward of one may be followed by a backward of the other. NCHW
+// always takes the v1 kernels.
 #include <ATen/Context.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/convolution.h>
@@ -36,6 +41,8 @@
 #include <torch/library.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <numeric>
 
 #include "batch_norm_common.cuh"
 
@@ -588,6 +595,550 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// ---------------------------------------------------------------- NHWC kernels, v2
+//
+// The default for NHWC tensors (CUDADOCTOR_OPS_CBR_V1=1 selects the kernels above).
+// The tensor is walked in groups of 8 consecutive elements in memory order: group g holds elements
+// 8g .. 8g+7 and owns mask byte g; the nfull = numel / 8 full groups go through the main loops,
+// a partial last group (numel % 8 != 0) through a short scalar path. The channels of group g are
+// (8g + i) % C, i < 8; they repeat every Cg = C / gcd(C, 8) groups. Thread gid < S of a
+// grid-stride kernel takes groups gid, gid + S, gid + 2S, ... with S a multiple of Cg, so it keeps
+// the same 8 channels (and their coefficients, in registers) for all its groups, while consecutive
+// threads take consecutive groups (coalesced 16-byte accesses). Group indices are 32-bit (the
+// host takes this path only for numel < 2^33 and C < 2^20); element offsets are 64-bit.
+// Reductions: every thread accumulates its 8 channels over its full groups; the block merges its
+// kThreads * 8 (thread, element) positions channel by channel in shared memory, in a fixed
+// order, into one row of partials per block ([P][C] planes); the finalize kernels merge the P
+// rows, 32 channels per block, then fold in the elements of the partial group. No atomics:
+// results do not depend on scheduling.
+
+constexpr int kPos = kThreads * kGroup;  // (thread, element) positions of one block
+
+// full group g
+template <typename T, bool VEC>
+__device__ __forceinline__ void load_full(const T* __restrict__ p, int g, Group<T>& out) {
+  const T* q = p + int64_t(g) * kGroup;
+  if (VEC) {
+    out = *reinterpret_cast<const Group<T>*>(q);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kGroup; ++i) out.v[i] = q[i];
+  }
+}
+
+template <typename T, bool VEC>
+__device__ __forceinline__ void store_full(T* __restrict__ p, int g, const Group<T>& v) {
+  T* q = p + int64_t(g) * kGroup;
+  if (VEC) {
+    *reinterpret_cast<Group<T>*>(q) = v;
+  } else {
+#pragma unroll
+    for (int i = 0; i < kGroup; ++i) q[i] = v.v[i];
+  }
+}
+
+// channel of element i of the groups of thread gid (gid * 8 < 2^28: the host keeps S < 2^25)
+__device__ __forceinline__ int group_channel(int gid, int i, int C) {
+  return (gid * kGroup % C + i) % C;
+}
+
+template <typename T, typename A>
+__device__ __forceinline__ T bn_relu3(T xv, A mean, A a, A beta, unsigned& bit) {
+  const A y = (static_cast<A>(xv) - mean) * a + beta;  // the arithmetic of bn_relu
+  const T yt = static_cast<T>(y);
+  const A yr = static_cast<A>(yt);
+  bit = yr > A(0) ? 1u : 0u;
+  return yr < A(0) ? T(0) : yt;  // NaN passes through like torch.relu
+}
+
+// Per-channel merge of the block's positions: position e (= thread * 8 + element) holds a value
+// of channel (base + e) % C with base = (blockIdx.x * kPos) % C. Q = kThreads / C threads per
+// channel when C <= kThreads (each merges every Q-th position of its channel, then one thread
+// merges the Q results), else one thread per channel. Writes row blockIdx.x of the [P][C]
+// planes. Welford version: s_mean / s_m2 per position, s_n per thread.
+template <typename A>
+__device__ __forceinline__ void block_merge_welford(const A* s_mean, const A* s_m2, const A* s_n,
+                                                    A* p_mean, A* p_m2, A* p_n, A* __restrict__ ws,
+                                                    int C) {
+  const int t = threadIdx.x;
+  const int base = static_cast<int>((int64_t(blockIdx.x) * kPos) % C);
+  const int Q = C <= kThreads ? kThreads / C : 1;
+  const int64_t plane = int64_t(gridDim.x) * C;
+  const int64_t row = int64_t(blockIdx.x) * C;
+  for (int idx = t; idx < C * Q; idx += kThreads) {
+    const int c = idx % C, q = idx / C;
+    int e = c - base;
+    if (e < 0) e += C;
+    A m = 0, m2 = 0, n = 0;
+    for (e += q * C; e < kPos; e += Q * C)
+      bn::welford_merge(m, m2, n, s_mean[e], s_m2[e], s_n[e / kGroup]);
+    if (Q == 1) {
+      ws[row + c] = m;
+      ws[plane + row + c] = m2;
+      ws[2 * plane + row + c] = n;
+    } else {
+      p_mean[idx] = m;
+      p_m2[idx] = m2;
+      p_n[idx] = n;
+    }
+  }
+  if (Q > 1) {  // block-uniform
+    __syncthreads();
+    if (t < C) {
+      A m = 0, m2 = 0, n = 0;
+      for (int q = 0; q < Q; ++q)
+        bn::welford_merge(m, m2, n, p_mean[q * C + t], p_m2[q * C + t], p_n[q * C + t]);
+      ws[row + t] = m;
+      ws[plane + row + t] = m2;
+      ws[2 * plane + row + t] = n;
+    }
+  }
+}
+
+// The same for plain sums (two values per position).
+template <typename A>
+__device__ __forceinline__ void block_merge_sums(const A* s_a, const A* s_b, A* p_a, A* p_b,
+                                                 A* __restrict__ ws, int C) {
+  const int t = threadIdx.x;
+  const int base = static_cast<int>((int64_t(blockIdx.x) * kPos) % C);
+  const int Q = C <= kThreads ? kThreads / C : 1;
+  const int64_t plane = int64_t(gridDim.x) * C;
+  const int64_t row = int64_t(blockIdx.x) * C;
+  for (int idx = t; idx < C * Q; idx += kThreads) {
+    const int c = idx % C, q = idx / C;
+    int e = c - base;
+    if (e < 0) e += C;
+    A a = 0, b = 0;
+    for (e += q * C; e < kPos; e += Q * C) {
+      a += s_a[e];
+      b += s_b[e];
+    }
+    if (Q == 1) {
+      ws[row + c] = a;
+      ws[plane + row + c] = b;
+    } else {
+      p_a[idx] = a;
+      p_b[idx] = b;
+    }
+  }
+  if (Q > 1) {  // block-uniform
+    __syncthreads();
+    if (t < C) {
+      A a = 0, b = 0;
+      for (int q = 0; q < Q; ++q) {
+        a += p_a[q * C + t];
+        b += p_b[q * C + t];
+      }
+      ws[row + t] = a;
+      ws[plane + row + t] = b;
+    }
+  }
+}
+
+// Statistics of the full groups. Per thread and channel: sums of (x - K) and (x - K)^2 with K the
+// thread's first value of that channel (a shift from the data itself keeps the cancellation
+// small), turned into (mean, M2, n) and merged (Chan) per block. ws: [3][P][C] = mean, M2, n.
+template <typename T, bool VEC>
+__global__ void __launch_bounds__(kThreads)
+    cbr_stats_nhwc_v2(const T* __restrict__ x, typename Acc<T>::type* __restrict__ ws, int nfull,
+                      int S, int C) {
+  using A = typename Acc<T>::type;
+  __shared__ __align__(16) A s_mean[kPos];
+  __shared__ __align__(16) A s_m2[kPos];
+  __shared__ A s_n[kThreads];
+  __shared__ A p_mean[kThreads], p_m2[kThreads], p_n[kThreads];
+  const int t = threadIdx.x;
+  const int gid = blockIdx.x * kThreads + t;
+  A K[kGroup], s1[kGroup], s2[kGroup];
+  A n = 0;
+#pragma unroll
+  for (int i = 0; i < kGroup; ++i) K[i] = s1[i] = s2[i] = 0;
+  if (gid < S && gid < nfull) {
+    Group<T> first;
+    load_full<T, VEC>(x, gid, first);
+#pragma unroll
+    for (int i = 0; i < kGroup; ++i) K[i] = static_cast<A>(first.v[i]);
+    n = 1;
+    auto add = [&](const Group<T>& v) {
+#pragma unroll
+      for (int i = 0; i < kGroup; ++i) {
+        const A d = static_cast<A>(v.v[i]) - K[i];
+        s1[i] += d;
+        s2[i] += d * d;
+      }
+    };
+    int g = gid + S;
+    for (; g + (kUnroll - 1) * S < nfull; g += kUnroll * S) {  // kUnroll groups in flight
+      Group<T> in[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) load_full<T, VEC>(x, g + u * S, in[u]);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) add(in[u]);
+      n += A(kUnroll);
+    }
+    for (; g < nfull; g += S) {
+      Group<T> in;
+      load_full<T, VEC>(x, g, in);
+      add(in);
+      n += A(1);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kGroup; ++i) {
+    A mean = 0, m2 = 0;
+    if (n > A(0)) {
+      const A q = s1[i] / n;
+      mean = K[i] + q;
+      m2 = s2[i] - s1[i] * q;
+      if (m2 < A(0)) m2 = 0;
+    }
+    s_mean[t * kGroup + i] = mean;
+    s_m2[t * kGroup + i] = m2;
+  }
+  s_n[t] = n;
+  __syncthreads();
+  block_merge_welford(s_mean, s_m2, s_n, p_mean, p_m2, p_n, ws, C);
+}
+
+// Block (1024): 32 channels per block, 32 threads per channel walk the P rows of partials (8 rows
+// in flight each, 4 in float64), then warp w merges channel w of the block (rows transposed
+// through shared memory). Lane 0 adds the elements of the partial group and writes save_mean,
+// save_invstd and coef[c] = (mean, gamma * invstd, beta, 0), as cbr_finalize_fwd.
+constexpr int kFinThreads = 1024;
+template <typename A>
+constexpr int fin_batch() {
+  return sizeof(A) == 8 ? 4 : 8;  // rows in flight per thread (1024 threads: 64 registers)
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kFinThreads)
+    cbr_finalize_fwd_v2(const typename Acc<T>::type* __restrict__ ws, int P, int C,
+                        const T* __restrict__ x, int64_t nfull, int64_t numel, double eps,
+                        const void* weight, int wkind, const void* bias, int bkind,
+                        typename Acc<T>::type* __restrict__ save_mean,
+                        typename Acc<T>::type* __restrict__ save_invstd,
+                        Coef4<typename Acc<T>::type>* __restrict__ coef) {
+  using A = typename Acc<T>::type;
+  constexpr int kFinBatch = fin_batch<A>();
+  __shared__ A sm[3][32][33];
+  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+  const int c = blockIdx.x * 32 + tx;
+  A m = 0, m2 = 0, n = 0;
+  if (c < C) {
+    const int64_t plane = int64_t(P) * C;
+    for (int p0 = ty; p0 < P; p0 += 32 * kFinBatch) {
+      A lm[kFinBatch], lm2[kFinBatch], ln[kFinBatch];
+#pragma unroll
+      for (int k = 0; k < kFinBatch; ++k) {
+        const int p = p0 + 32 * k;
+        if (p < P) {
+          const int64_t o = int64_t(p) * C + c;
+          lm[k] = ws[o];
+          lm2[k] = ws[plane + o];
+          ln[k] = ws[2 * plane + o];
+        } else {
+          lm[k] = lm2[k] = ln[k] = A(0);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kFinBatch; ++k) bn::welford_merge(m, m2, n, lm[k], lm2[k], ln[k]);
+    }
+  }
+  sm[0][ty][tx] = m;
+  sm[1][ty][tx] = m2;
+  sm[2][ty][tx] = n;
+  __syncthreads();
+  m = sm[0][tx][ty];
+  m2 = sm[1][tx][ty];
+  n = sm[2][tx][ty];
+  bn::warp_welford(m, m2, n);
+  const int cw = blockIdx.x * 32 + ty;
+  if (tx != 0 || cw >= C) return;
+  for (int64_t e = nfull * kGroup; e < numel; ++e)
+    if (e % C == cw) bn::welford_merge(m, m2, n, static_cast<A>(x[e]), A(0), A(1));
+  const A var = n > A(0) ? m2 / n : A(0);
+  const A invstd = bn::inv_sqrt(var + static_cast<A>(eps));
+  const A w = bn::load_param<A>(weight, wkind, cw, A(1));
+  const A b = bn::load_param<A>(bias, bkind, cw, A(0));
+  save_mean[cw] = m;
+  save_invstd[cw] = invstd;
+  Coef4<A> k;
+  k.v[0] = m;
+  k.v[1] = w * invstd;
+  k.v[2] = b;
+  k.v[3] = 0;
+  coef[cw] = k;
+}
+
+// y = relu((x - mean) * a + beta) over the full groups, and mask byte g of group g. Lanes
+// 4j .. 4j+3 of a warp take 4 consecutive groups (the warp's first group is a multiple of 32), so
+// lane 4j gathers their bytes with two shuffles and writes one 32-bit mask word (single bytes at
+// the end of the full groups, or when the mask is not 4-byte aligned). S is a multiple of 32:
+// warps are wholly in or out, and the loop conditions around the shuffles are warp-uniform.
+// Thread 0 then does the partial group (numel % 8 elements, tail > 0) with its own coefficients.
+template <typename T, bool VEC>
+__global__ void __launch_bounds__(kThreads)
+    cbr_apply_nhwc_v2(const T* __restrict__ x, T* __restrict__ y, uint8_t* __restrict__ mask,
+                      const Coef4<typename Acc<T>::type>* __restrict__ coef, int nfull, int tail,
+                      int S, int C, bool mask_words) {
+  using A = typename Acc<T>::type;
+  const int gid = blockIdx.x * kThreads + threadIdx.x;
+  if (gid >= S) return;
+  const int lane = threadIdx.x & 31;
+  A km[kGroup], ka[kGroup], kb[kGroup];
+#pragma unroll
+  for (int i = 0; i < kGroup; ++i) {
+    const Coef4<A> k = coef[group_channel(gid, i, C)];
+    km[i] = k.v[0];
+    ka[i] = k.v[1];
+    kb[i] = k.v[2];
+  }
+  // group g (< nfull when `valid`): output, and the mask byte of the lane
+  auto one = [&](const Group<T>& in, int g, bool valid) -> unsigned {
+    unsigned byte = 0;
+    Group<T> out;
+#pragma unroll
+    for (int i = 0; i < kGroup; ++i) {
+      unsigned bit;
+      out.v[i] = bn_relu3<T, A>(in.v[i], km[i], ka[i], kb[i], bit);
+      byte |= bit << i;
+    }
+    if (valid) store_full<T, VEC>(y, g, out);
+    return valid ? byte : 0u;
+  };
+  // lane 4j: the 32-bit word of the bytes of lanes 4j .. 4j+3 (all lanes call this)
+  auto word_of = [&](unsigned byte) -> unsigned {
+    unsigned word = byte | (__shfl_down_sync(0xffffffffu, byte, 1) << 8);
+    return word | (__shfl_down_sync(0xffffffffu, word, 2) << 16);
+  };
+  int w0 = gid - lane;
+  // full rounds: every lane has all its kUnroll groups
+  for (; w0 + (kUnroll - 1) * S + 32 <= nfull; w0 += kUnroll * S) {
+    Group<T> in[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) load_full<T, VEC>(x, w0 + u * S + lane, in[u]);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int g = w0 + u * S + lane;
+      const unsigned word = word_of(one(in[u], g, true));
+      if ((lane & 3) == 0) {
+        if (mask_words) {
+          *reinterpret_cast<uint32_t*>(mask + g) = word;
+        } else {
+#pragma unroll
+          for (int k = 0; k < 4; ++k) mask[g + k] = static_cast<uint8_t>(word >> (8 * k));
+        }
+      }
+    }
+  }
+  // the rest, one group per lane at a time (w0 is warp-uniform)
+  for (; w0 < nfull; w0 += S) {
+    const int g = w0 + lane;
+    const bool valid = g < nfull;
+    Group<T> in;
+    if (valid) {
+      load_full<T, VEC>(x, g, in);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kGroup; ++i) in.v[i] = T(0);
+    }
+    const unsigned word = word_of(one(in, g, valid));
+    if ((lane & 3) == 0 && valid) {
+      if (mask_words && g + 3 < nfull) {
+        *reinterpret_cast<uint32_t*>(mask + g) = word;
+      } else {
+        for (int k = 0; k < 4; ++k)
+          if (g + k < nfull) mask[g + k] = static_cast<uint8_t>(word >> (8 * k));
+      }
+    }
+  }
+  if (tail > 0 && gid == 0) {
+    const int64_t e0 = int64_t(nfull) * kGroup;
+    unsigned byte = 0;
+    for (int i = 0; i < tail; ++i) {
+      const Coef4<A> k = coef[(e0 + i) % C];
+      unsigned bit;
+      y[e0 + i] = bn_relu3<T, A>(x[e0 + i], k.v[0], k.v[1], k.v[2], bit);
+      byte |= bit << i;
+    }
+    mask[nfull] = static_cast<uint8_t>(byte);
+  }
+}
+
+// Backward sums of the full groups: sum g and sum g * (x - mean) with g = dy * mask, per
+// channel. ws: [2][P][C].
+template <typename T, bool VEC>
+__global__ void __launch_bounds__(kThreads)
+    cbr_reduce_nhwc_v2(const T* __restrict__ x, const T* __restrict__ dy,
+                       const uint8_t* __restrict__ mask,
+                       const typename Acc<T>::type* __restrict__ save_mean,
+                       typename Acc<T>::type* __restrict__ ws, int nfull, int S, int C) {
+  using A = typename Acc<T>::type;
+  __shared__ __align__(16) A s_a[kPos];
+  __shared__ __align__(16) A s_b[kPos];
+  __shared__ A p_a[kThreads], p_b[kThreads];
+  const int t = threadIdx.x;
+  const int gid = blockIdx.x * kThreads + t;
+  A sg[kGroup], sgx[kGroup];
+#pragma unroll
+  for (int i = 0; i < kGroup; ++i) sg[i] = sgx[i] = 0;
+  if (gid < S && gid < nfull) {
+    A mean[kGroup];
+#pragma unroll
+    for (int i = 0; i < kGroup; ++i) mean[i] = save_mean[group_channel(gid, i, C)];
+    auto add = [&](const Group<T>& vx, const Group<T>& vd, unsigned bits) {
+#pragma unroll
+      for (int i = 0; i < kGroup; ++i) {
+        const A gv = ((bits >> i) & 1u) ? static_cast<A>(vd.v[i]) : A(0);
+        sg[i] += gv;
+        sgx[i] += gv * (static_cast<A>(vx.v[i]) - mean[i]);
+      }
+    };
+    int g = gid;
+    for (; g + (kUnroll - 1) * S < nfull; g += kUnroll * S) {  // kUnroll groups in flight
+      Group<T> px[kUnroll], pd[kUnroll];
+      unsigned bits[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        load_full<T, VEC>(x, g + u * S, px[u]);
+        load_full<T, VEC>(dy, g + u * S, pd[u]);
+        bits[u] = mask[g + u * S];
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) add(px[u], pd[u], bits[u]);
+    }
+    for (; g < nfull; g += S) {
+      Group<T> px, pd;
+      load_full<T, VEC>(x, g, px);
+      load_full<T, VEC>(dy, g, pd);
+      add(px, pd, mask[g]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kGroup; ++i) {
+    s_a[t * kGroup + i] = sg[i];
+    s_b[t * kGroup + i] = sgx[i];
+  }
+  __syncthreads();
+  block_merge_sums(s_a, s_b, p_a, p_b, ws, C);
+}
+
+// As cbr_finalize_fwd_v2 for the backward sums; lane 0 then computes what cbr_finalize_bwd
+// does: grad_weight = sum(g * x_hat), grad_bias = sum(g), coef[c] = (mean, k1, k2, k3).
+template <typename T>
+__global__ void __launch_bounds__(kFinThreads)
+    cbr_finalize_bwd_v2(const typename Acc<T>::type* __restrict__ ws, int P, int C,
+                        int64_t count, const T* __restrict__ x, const T* __restrict__ dy,
+                        const uint8_t* __restrict__ mask, int64_t nfull, int64_t numel,
+                        const typename Acc<T>::type* __restrict__ save_mean,
+                        const typename Acc<T>::type* __restrict__ save_invstd, const void* weight,
+                        int wkind, void* grad_weight, void* grad_bias, int gkind,
+                        Coef4<typename Acc<T>::type>* __restrict__ coef) {
+  using A = typename Acc<T>::type;
+  constexpr int kFinBatch = fin_batch<A>();
+  __shared__ A sm[2][32][33];
+  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+  const int c = blockIdx.x * 32 + tx;
+  A sg = 0, sgx = 0;
+  if (c < C) {
+    const int64_t plane = int64_t(P) * C;
+    for (int p0 = ty; p0 < P; p0 += 32 * kFinBatch) {
+      A la[kFinBatch], lb[kFinBatch];
+#pragma unroll
+      for (int k = 0; k < kFinBatch; ++k) {
+        const int p = p0 + 32 * k;
+        if (p < P) {
+          const int64_t o = int64_t(p) * C + c;
+          la[k] = ws[o];
+          lb[k] = ws[plane + o];
+        } else {
+          la[k] = lb[k] = A(0);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kFinBatch; ++k) {
+        sg += la[k];
+        sgx += lb[k];
+      }
+    }
+  }
+  sm[0][ty][tx] = sg;
+  sm[1][ty][tx] = sgx;
+  __syncthreads();
+  sg = bn::warp_sum(sm[0][tx][ty]);
+  sgx = bn::warp_sum(sm[1][tx][ty]);
+  const int cw = blockIdx.x * 32 + ty;
+  if (tx != 0 || cw >= C) return;
+  const A mean = save_mean[cw];
+  for (int64_t e = nfull * kGroup; e < numel; ++e) {
+    if (e % C != cw) continue;
+    const unsigned bit = (static_cast<unsigned>(mask[nfull]) >> (e - nfull * kGroup)) & 1u;
+    const A gv = bit ? static_cast<A>(dy[e]) : A(0);
+    sg += gv;
+    sgx += gv * (static_cast<A>(x[e]) - mean);
+  }
+  const A invstd = save_invstd[cw];
+  const A w = bn::load_param<A>(weight, wkind, cw, A(1));
+  const A k1 = w * invstd;
+  const A inv_m = A(1) / static_cast<A>(count);
+  if (grad_weight != nullptr) bn::store_param<A>(grad_weight, gkind, cw, sgx * invstd);
+  if (grad_bias != nullptr) bn::store_param<A>(grad_bias, gkind, cw, sg);
+  Coef4<A> k;
+  k.v[0] = mean;
+  k.v[1] = k1;
+  k.v[2] = k1 * sg * inv_m;
+  k.v[3] = k1 * invstd * invstd * sgx * inv_m;
+  coef[cw] = k;
+}
+
+// dconv = g * k1 - k2 - (x - mean) * k3 over the full groups, coefficients of the thread's 8
+// channels in registers; thread 0 then does the partial group.
+template <typename T, bool VEC>
+__global__ void __launch_bounds__(kThreads)
+    cbr_grad_conv_out_nhwc_v2(const T* __restrict__ x, const T* __restrict__ dy,
+                              const uint8_t* __restrict__ mask, T* __restrict__ dx,
+                              const Coef4<typename Acc<T>::type>* __restrict__ coef, int nfull,
+                              int tail, int S, int C) {
+  using A = typename Acc<T>::type;
+  const int gid = blockIdx.x * kThreads + threadIdx.x;
+  if (gid >= S) return;
+  Coef4<A> k[kGroup];
+#pragma unroll
+  for (int i = 0; i < kGroup; ++i) k[i] = coef[group_channel(gid, i, C)];
+  auto one = [&](const Group<T>& vx, const Group<T>& vd, unsigned bits, int g) {
+    Group<T> out;
+#pragma unroll
+    for (int i = 0; i < kGroup; ++i)
+      out.v[i] = dconv_value<T, A>(vx.v[i], vd.v[i], (bits >> i) & 1u, k[i]);
+    store_full<T, VEC>(dx, g, out);
+  };
+  int g = gid;
+  for (; g + (kUnroll - 1) * S < nfull; g += kUnroll * S) {  // kUnroll groups in flight
+    Group<T> px[kUnroll], pd[kUnroll];
+    unsigned bits[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      load_full<T, VEC>(x, g + u * S, px[u]);
+      load_full<T, VEC>(dy, g + u * S, pd[u]);
+      bits[u] = mask[g + u * S];
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) one(px[u], pd[u], bits[u], g + u * S);
+  }
+  for (; g < nfull; g += S) {
+    Group<T> px, pd;
+    load_full<T, VEC>(x, g, px);
+    load_full<T, VEC>(dy, g, pd);
+    one(px, pd, mask[g], g);
+  }
+  if (tail > 0 && gid == 0) {
+    const int64_t e0 = int64_t(nfull) * kGroup;
+    const unsigned byte = mask[nfull];
+    for (int i = 0; i < tail; ++i)
+      dx[e0 + i] = dconv_value<T, A>(x[e0 + i], dy[e0 + i], (byte >> i) & 1u, coef[(e0 + i) % C]);
+  }
+}
+
 // ---------------------------------------------------------------- host helpers
 
 unsigned linear_blocks(int64_t numel, int device) {
@@ -870,6 +1421,153 @@ void grad_conv_out(const Layout& l, const at::Tensor& dy, const at::Tensor& mask
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// ---------------------------------------------------------------- v2 host side (NHWC)
+
+// CUDADOCTOR_OPS_CBR_V1 set to anything but "" or "0" selects the v1 NHWC kernels. Read at every
+// call (a few hundred ns next to five kernel launches), so one process can time both.
+bool cbr_v1_selected() {
+  const char* e = std::getenv("CUDADOCTOR_OPS_CBR_V1");
+  return e != nullptr && e[0] != '\0' && !(e[0] == '0' && e[1] == '\0');
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The v2 kernels index groups with 32-bit integers.
+bool v2_fits(const Layout& l) {
+  return l.x.numel() / kGroup < (int64_t(1) << 30) && l.C < (int64_t(1) << 20);
+}
+
+// Groups of 8 elements after which the channels of a group repeat in the NHWC layout.
+int64_t channel_period(int64_t C) { return C / std::gcd(C, int64_t(kGroup)); }
+
+// Grid of a v2 grid-stride kernel: S threads in the loop, a multiple of `align` (and at least
+// `align`), in `blocks` blocks of kThreads (threads past S idle).
+struct FlatPlan {
+  unsigned blocks;
+  int64_t S;
+};
+
+FlatPlan flat_plan(int64_t max_blocks, int64_t align) {
+  if (max_blocks < 1) max_blocks = 1;
+  int64_t S = max_blocks * kThreads / align * align;
+  if (S < align) S = align;
+  FlatPlan p;
+  p.blocks = static_cast<unsigned>((S + kThreads - 1) / kThreads);
+  p.S = S;
+  return p;
+}
+
+// Blocks of the v2 reductions: at most one wave of resident blocks, about 8 full groups per
+// thread or more, at least 32 rows per block on average (the [P][C] partials stay small next to
+// the data), and past one block per SM the nearest whole multiple of the SM count (equal work
+// per SM).
+int64_t reduce_blocks(int64_t nfull, int64_t rows, int per_sm, int device) {
+  const int64_t sms = bn::sm_count(device);
+  const int64_t wave = sms * per_sm;
+  int64_t b = wave;
+  const int64_t by_work = (nfull + int64_t(kThreads) * 8 - 1) / (int64_t(kThreads) * 8);
+  if (b > by_work) b = by_work;
+  if (b > rows / 32) b = rows / 32;
+  if (b > sms) {
+    b = (b + sms / 2) / sms * sms;
+    if (b > wave) b = wave;
+  }
+  if (b < 1) b = 1;
+  return b;
+}
+
+// Blocks of the v2 elementwise passes: one wave of resident blocks, no block without a group.
+int64_t stream_blocks(int64_t ngroups, int per_sm, int device) {
+  int64_t b = int64_t(bn::sm_count(device)) * per_sm;
+  const int64_t by_work = (ngroups + kThreads - 1) / kThreads;
+  if (b > by_work) b = by_work;
+  if (b < 1) b = 1;
+  return b;
+}
+
+template <typename T>
+void stats_and_apply_v2(const Layout& l, const at::Tensor& out, const at::Tensor& mask,
+                        double eps, const at::Tensor& w, const at::Tensor& b,
+                        const at::Tensor& save_mean, const at::Tensor& save_invstd) {
+  using A = typename Acc<T>::type;
+  const int device = l.x.get_device();
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  const T* x = l.x.data_ptr<T>();
+  T* y = out.data_ptr<T>();
+  uint8_t* mp = mask.data_ptr<uint8_t>();
+  const int64_t numel = l.x.numel();
+  const int C = static_cast<int>(l.C);
+  const int nfull = static_cast<int>(numel / kGroup), tail = static_cast<int>(numel % kGroup);
+  const int64_t period = channel_period(l.C);
+  const bool vec = aligned16(x) && aligned16(y);
+
+  auto* stats = vec ? &cbr_stats_nhwc_v2<T, true> : &cbr_stats_nhwc_v2<T, false>;
+  const FlatPlan sp =
+      flat_plan(reduce_blocks(nfull, l.N * l.HW, bn::blocks_per_sm(stats, 0), device), period);
+  at::Tensor ws = at::empty({3 * int64_t(sp.blocks) * C}, save_mean.options());
+  stats<<<sp.blocks, kThreads, 0, stream>>>(x, ws.data_ptr<A>(), nfull, static_cast<int>(sp.S),
+                                            C);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+
+  at::Tensor coef = at::empty({int64_t(C) * 4}, save_mean.options());
+  auto* cp = reinterpret_cast<Coef4<A>*>(coef.data_ptr<A>());
+  cbr_finalize_fwd_v2<T><<<static_cast<unsigned>((C + 31) / 32), kFinThreads, 0, stream>>>(
+      ws.data_ptr<A>(), static_cast<int>(sp.blocks), C, x, nfull, numel, eps, bn::param_ptr(w),
+      bn::param_kind(w), bn::param_ptr(b), bn::param_kind(b), save_mean.data_ptr<A>(),
+      save_invstd.data_ptr<A>(), cp);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+
+  auto* apply = vec ? &cbr_apply_nhwc_v2<T, true> : &cbr_apply_nhwc_v2<T, false>;
+  const int64_t align = std::lcm(period, int64_t(32));
+  const FlatPlan ap = flat_plan(stream_blocks(nfull, bn::blocks_per_sm(apply, 0), device), align);
+  apply<<<ap.blocks, kThreads, 0, stream>>>(x, y, mp, cp, nfull, tail, static_cast<int>(ap.S), C,
+                                            reinterpret_cast<uintptr_t>(mp) % 4 == 0);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T>
+void grad_conv_out_v2(const Layout& l, const at::Tensor& dy, const at::Tensor& mask,
+                      const at::Tensor& dx, const at::Tensor& save_mean,
+                      const at::Tensor& save_invstd, const at::Tensor& w, const at::Tensor& gw,
+                      const at::Tensor& gb) {
+  using A = typename Acc<T>::type;
+  const int device = l.x.get_device();
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  const T* x = l.x.data_ptr<T>();
+  const T* d = dy.data_ptr<T>();
+  const uint8_t* mp = mask.data_ptr<uint8_t>();
+  const A* sm = save_mean.data_ptr<A>();
+  const int64_t numel = l.x.numel();
+  const int C = static_cast<int>(l.C);
+  const int nfull = static_cast<int>(numel / kGroup), tail = static_cast<int>(numel % kGroup);
+  const int64_t period = channel_period(l.C);
+  const bool vec = aligned16(x) && aligned16(d) && (!dx.defined() || aligned16(dx.data_ptr()));
+
+  auto* reduce = vec ? &cbr_reduce_nhwc_v2<T, true> : &cbr_reduce_nhwc_v2<T, false>;
+  const FlatPlan rp =
+      flat_plan(reduce_blocks(nfull, l.N * l.HW, bn::blocks_per_sm(reduce, 0), device), period);
+  at::Tensor ws = at::empty({2 * int64_t(rp.blocks) * C}, save_mean.options());
+  reduce<<<rp.blocks, kThreads, 0, stream>>>(x, d, mp, sm, ws.data_ptr<A>(), nfull,
+                                             static_cast<int>(rp.S), C);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+
+  at::Tensor coef = at::empty({int64_t(C) * 4}, save_mean.options());
+  auto* cp = reinterpret_cast<Coef4<A>*>(coef.data_ptr<A>());
+  const int gkind = gw.defined() ? bn::param_kind(gw) : bn::param_kind(gb);
+  cbr_finalize_bwd_v2<T><<<static_cast<unsigned>((C + 31) / 32), kFinThreads, 0, stream>>>(
+      ws.data_ptr<A>(), static_cast<int>(rp.blocks), C, l.N * l.HW, x, d, mp, nfull, numel, sm,
+      save_invstd.data_ptr<A>(), bn::param_ptr(w), bn::param_kind(w),
+      gw.defined() ? gw.data_ptr() : nullptr, gb.defined() ? gb.data_ptr() : nullptr, gkind, cp);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (!dx.defined()) return;
+
+  auto* grad = vec ? &cbr_grad_conv_out_nhwc_v2<T, true> : &cbr_grad_conv_out_nhwc_v2<T, false>;
+  const FlatPlan gp = flat_plan(stream_blocks(nfull, bn::blocks_per_sm(grad, 0), device), period);
+  grad<<<gp.blocks, kThreads, 0, stream>>>(x, d, mp, dx.data_ptr<T>(), cp, nfull, tail,
+                                           static_cast<int>(gp.S), C);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 // ---------------------------------------------------------------- ops
 
 // -> (out, conv_out, save_mean, save_invstd, mask)
@@ -915,7 +1613,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_bn_r
     return {out, conv_out, save_mean, save_invstd, mask};
   }
   const at::Tensor w = bn::contig_param(bn_weight), b = bn::contig_param(bn_bias);
+  const bool v2 = l.nhwc && v2_fits(l) && !cbr_v1_selected();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, l.x.scalar_type(), "cbr_fwd", [&] {
+    if (v2) {
+      stats_and_apply_v2<scalar_t>(l, out, mask, eps, w, b, save_mean, save_invstd);
+      return;
+    }
     constexpr int VW = 16 / sizeof(scalar_t);
     if (bn::vec_width<scalar_t>(l, {l.x.data_ptr()}) == VW) {
       stats_and_apply<scalar_t, VW>(l, out, mask, eps, w, b, save_mean, save_invstd);
@@ -969,7 +1672,12 @@ conv_bn_relu_backward_cuda(const at::Tensor& grad_out, const at::Tensor& input,
     if (dconv.defined()) dconv.zero_();
   } else if (need_conv_grad || gw.defined() || gb.defined()) {
     const at::Tensor sm = save_mean.contiguous(), si = save_invstd.contiguous();
+    const bool v2 = l.nhwc && v2_fits(l) && !cbr_v1_selected();
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, l.x.scalar_type(), "cbr_bwd", [&] {
+      if (v2) {
+        grad_conv_out_v2<scalar_t>(l, dy, mask, dconv, sm, si, w, gw, gb);
+        return;
+      }
       constexpr int VW = 16 / sizeof(scalar_t);
       if (bn::vec_width<scalar_t>(l, {l.x.data_ptr(), dy.data_ptr()}) == VW) {
         grad_conv_out<scalar_t, VW>(l, dy, mask, dconv, sm, si, w, gw, gb);

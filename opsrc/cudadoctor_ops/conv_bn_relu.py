@@ -22,6 +22,10 @@ beta``), cached by the modules until a parameter or running statistic changes, a
 convolution + bias + ReLU (cuDNN's fused engine where available, else an epilogue kernel).
 
 CPU tensors run the plain torch ops, so rewritten models still work off the GPU.
+
+The environment variable ``CUDADOCTOR_OPS_CBR_V1=1`` selects the previous (v1) BatchNorm kernels for
+channels_last tensors instead of the default v2 ones; it is read at every call, so one process can
+time both. Both sets write the same mask and statistics (NCHW tensors always use the v1 kernels).
 """
 
 from __future__ import annotations

@@ -152,6 +152,12 @@ def _eager(x, conv, bn):
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_training_matches_torch(case, dtype, layout, device):
     _skip_cpu_dtype(device, dtype)
+    _check_training_against_torch(case, dtype, layout, device)
+
+
+def _check_training_against_torch(case, dtype, layout, device):
+    """One training step of the fused module and of the separate torch modules: output, running
+    statistics, num_batches_tracked and every gradient."""
     x, conv, bn = _make(case, dtype, layout, device)
     conv_r, bn_r = copy.deepcopy(conv), copy.deepcopy(bn)
     xr = x.detach().clone().requires_grad_(True)
@@ -181,6 +187,180 @@ def test_training_matches_torch(case, dtype, layout, device):
         scale = conv_r.weight.grad.abs().max().item()
         assert conv.bias.grad.abs().max().item() <= 1e-2 * scale
         assert conv_r.bias.grad.abs().max().item() <= 1e-2 * scale
+
+
+# ---------------------------------------------------------------- GPU: NHWC kernel sets
+#
+# channels_last training forward and backward run the v2 NHWC kernels by default and the v1 ones
+# with CUDADOCTOR_OPS_CBR_V1=1 (read at every call). Both are checked against the separate torch
+# modules and, at the op level, against float64 formulas on the op's own conv output and mask.
+
+CBR_V1_ENV = "CUDADOCTOR_OPS_CBR_V1"
+VARIANTS = ["v1", "v2"]
+
+# (N, C_in, H, W, C_out, kernel, stride, padding, dilation, groups, conv bias)
+NHWC_CASES = [
+    (32, 64, 56, 56, 64, 3, 1, 1, 1, 1, False),  # ResNet-50 layer1 3x3: 12.8 MB in fp16
+    (64, 128, 28, 28, 128, 3, 1, 1, 1, 1, False),  # ResNet-50 layer2 3x3
+    (4, 16, 14, 14, 24, 3, 1, 1, 1, 1, False),  # C_out = 24: channels repeat every 3 groups of 8
+    (3, 8, 7, 9, 24, 3, 1, 1, 1, 1, True),  # N*H*W = 189, conv bias
+    (3, 8, 7, 9, 13, 3, 1, 1, 1, 1, False),  # C_out = 13, numel % 8 = 1: a partial last group
+    (2, 4, 5, 7, 3, 3, 1, 1, 1, 1, False),  # C_out = 3 < 8: channels wrap inside a group
+    (2, 16, 6, 6, 264, 1, 1, 0, 1, 1, False),  # C_out > 256 (one thread per channel in a block)
+]
+
+
+def _set_variant(monkeypatch, variant):
+    monkeypatch.setenv(CBR_V1_ENV, "1" if variant == "v1" else "0")
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("case", NHWC_CASES, ids=_case_id)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_nhwc_training_matches_torch(case, dtype, variant, monkeypatch):
+    _set_variant(monkeypatch, variant)
+    _check_training_against_torch(case, dtype, "channels_last", "cuda")
+
+
+def _mask_bits(mask: torch.Tensor, numel: int) -> torch.Tensor:
+    """Bit i of the mask (element i in memory order) as a bool vector of numel + padding bits."""
+    shifts = torch.arange(8, device=mask.device, dtype=torch.int32)
+    return (torch.bitwise_right_shift(mask.to(torch.int32).unsqueeze(1), shifts) & 1).reshape(-1).bool()
+
+
+def _assert_same_grads(got, want, dtype, what):
+    """Two backward results of the same inputs whose reductions may run in another order: the
+    BN parameter gradients agree to float32 rounding, dconv to one rounding step of dtype (the
+    conv bias gradient, zero up to rounding, is not compared)."""
+    gi, gcw, _, gbw, gbb = got
+    gi_r, gcw_r, _, gbw_r, gbb_r = want
+    assert _rel_err(gbw, gbw_r) <= 1e-4, f"{what}: grad bn weight"
+    assert _rel_err(gbb, gbb_r) <= 1e-4, f"{what}: grad bn bias"
+    assert _rel_err(gi, gi_r) <= TOL[dtype] / 4, f"{what}: grad input"
+    assert _rel_err(gcw, gcw_r) <= TOL[dtype] / 4, f"{what}: grad conv weight"
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("case", NHWC_CASES, ids=_case_id)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_nhwc_ops_match_float64(case, dtype, variant, monkeypatch):
+    """conv_bn_relu_train / conv_bn_relu_backward on channels_last against float64 formulas:
+    batch statistics, output, mask bits (and zero padding bits), BN parameter gradients, the
+    convolution gradients of the exact dconv; the backward again with a grad_out that is not
+    16-byte aligned (scalar loads) and with the other kernel set (same mask format)."""
+    _set_variant(monkeypatch, variant)
+    n, ci, h, w, co, k, s, p, d, g, has_bias = case
+    x, conv, bn = _make(case, dtype, "channels_last")
+    eps = 1e-5
+    conv_args = ([s, s], [p, p], [d, d], g)
+    bias = conv.bias.detach() if has_bias else None
+    out, conv_out, save_mean, save_invstd, mask = ops.conv_bn_relu_train(
+        x, conv.weight.detach(), bias, bn.weight.detach(), bn.bias.detach(), eps, *conv_args
+    )
+    assert conv_out.is_contiguous(memory_format=torch.channels_last) and not conv_out.is_contiguous(), (
+        "the convolution did not return channels_last: the NHWC kernels were not exercised"
+    )
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    numel = out.numel()
+    m = numel // co
+    xd = conv_out.double()
+    mean = xd.mean(dim=(0, 2, 3))
+    var = xd.var(dim=(0, 2, 3), unbiased=False)
+    std = var.sqrt()
+    invstd = (var + eps).rsqrt()
+    assert save_mean.dtype == save_invstd.dtype == torch.float32
+    assert ((save_mean.double() - mean).abs() <= 1e-5 * (mean.abs() + std) + 1e-30).all(), "save_mean"
+    assert ((save_invstd.double() - invstd).abs() <= 1e-4 * invstd).all(), "save_invstd"
+    gamma, beta = bn.weight.detach().double(), bn.bias.detach().double()
+    shape = (1, co, 1, 1)
+    ref = torch.relu((xd - mean.view(shape)) * (invstd * gamma).view(shape) + beta.view(shape))
+    assert _rel_err(out, ref) <= TOL[dtype] / 2, "output"
+    # mask: one bit per element in memory order, set exactly where the output is > 0
+    assert mask.dtype == torch.uint8 and mask.numel() == (numel + 7) // 8
+    bits = _mask_bits(mask, numel)
+    flat = out.permute(0, 2, 3, 1).reshape(-1)
+    assert torch.equal(bits[:numel], flat > 0), "mask bits"
+    assert not bits[numel:].any(), "mask padding bits"
+
+    # backward
+    gen = torch.Generator().manual_seed(1)
+    gy = torch.randn(out.shape, generator=gen).to(device="cuda", dtype=dtype)
+    gy = gy.contiguous(memory_format=torch.channels_last)
+    weight = conv.weight.detach()
+    grads = ops.conv_bn_relu_backward(
+        gy, x, weight, conv_out, bn.weight.detach(), save_mean, save_invstd, mask, *conv_args, [True] * 5
+    )
+    gi, gcw, gcb, gbw, gbb = grads
+    sm, si = save_mean.double().view(shape), save_invstd.double().view(shape)
+    keep = bits[:numel].view(n, out.shape[2], out.shape[3], co).permute(0, 3, 1, 2)
+    gd = gy.double() * keep
+    xhat = (xd - sm) * si
+    gbb_ref = gd.sum(dim=(0, 2, 3))
+    gbw_ref = (gd * xhat).sum(dim=(0, 2, 3))
+    assert gbw.dtype == gbb.dtype == bn.weight.dtype
+    assert _rel_err(gbb, gbb_ref) <= 1e-4, "grad bn bias"
+    assert _rel_err(gbw, gbw_ref) <= 1e-4, "grad bn weight"
+    dconv = (gamma.view(shape) * si) * (gd - gbb_ref.view(shape) / m - xhat * gbw_ref.view(shape) / m)
+    gi_ref, gcw_ref, _ = torch.ops.aten.convolution_backward(
+        dconv.float(), x.float(), weight.float(), [co], *conv_args[:3], False, [0, 0], g, [True, True, False]
+    )
+    assert gi.shape == x.shape and gcw.shape == weight.shape and gcb.shape == (co,)
+    assert _rel_err(gi, gi_ref) <= TOL[dtype], "grad input"
+    assert _rel_err(gcw, gcw_ref) <= TOL[dtype], "grad conv weight"
+
+    # grad_out 2 bytes off 16-byte alignment: the scalar-load kernels
+    buf = torch.empty(gy.numel() + 1, device="cuda", dtype=dtype)
+    gy_odd = buf[1:].as_strided(gy.shape, gy.stride())
+    gy_odd.copy_(gy)
+    assert gy_odd.is_contiguous(memory_format=torch.channels_last) and gy_odd.data_ptr() % 16 != 0
+    odd = ops.conv_bn_relu_backward(
+        gy_odd, x, weight, conv_out, bn.weight.detach(), save_mean, save_invstd, mask, *conv_args, [True] * 5
+    )
+    _assert_same_grads(odd, grads, dtype, "unaligned grad_out")
+
+    # the other kernel set reads the same mask and statistics
+    _set_variant(monkeypatch, "v2" if variant == "v1" else "v1")
+    other = ops.conv_bn_relu_backward(
+        gy, x, weight, conv_out, bn.weight.detach(), save_mean, save_invstd, mask, *conv_args, [True] * 5
+    )
+    _assert_same_grads(other, grads, dtype, "other kernel set")
+    out2, _, sm2, si2, mask2 = ops.conv_bn_relu_train(
+        x, conv.weight.detach(), bias, bn.weight.detach(), bn.bias.detach(), eps, *conv_args
+    )
+    assert _rel_err(sm2, save_mean) <= 1e-5 and _rel_err(si2, save_invstd) <= 1e-5
+    # outputs may differ by one rounding step where the statistics differ in the last bits
+    assert _rel_err(out2, out) <= TOL[dtype] / 2
+    differ = (_mask_bits(mask2, numel) != bits).sum().item()
+    assert differ <= max(2, numel // 10000), f"{differ} mask bits differ between the kernel sets"
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_nhwc_variant_switch_selects_kernels(variant, monkeypatch):
+    """CUDADOCTOR_OPS_CBR_V1 picks the NHWC kernel set at every call (profiler kernel names)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    _set_variant(monkeypatch, variant)
+    x, conv, bn = _make(CASES[0], torch.float16, "channels_last")
+    fused = ConvBNReLU2d.from_modules(conv, bn)
+    xg = x.detach().requires_grad_(True)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fused(xg).float().sum().backward()
+        torch.cuda.synchronize()
+    names = " ".join(e.name for e in prof.events())
+    for kernel in ("cbr_stats_nhwc", "cbr_apply", "cbr_reduce_nhwc", "cbr_grad_conv_out"):
+        assert kernel in names, kernel
+    v2 = ("cbr_stats_nhwc_v2", "cbr_finalize_fwd_v2", "cbr_apply_nhwc_v2", "cbr_reduce_nhwc_v2",
+          "cbr_finalize_bwd_v2", "cbr_grad_conv_out_nhwc_v2")
+    if variant == "v2":
+        assert all(k in names for k in v2), names
+    else:
+        assert not any(k in names for k in v2), names
 
 
 @pytest.mark.parametrize("device", DEVICES)
