@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
-# One-call check of the operators after kernel changes, on a CUDA machine (no network, no Docker):
-#   1. cudadoctor build --backend local --arch $ARCHS (default 9.0) of opsrc, install the wheel
-#   2. in parallel: pytest tests/ops, cudadoctor smoke --installed (all four sanitizers)
-#   3. alone on the GPU: the benchmarks (batch_norm, depthwise, conv_bn_relu headline), then the
-#      same CBR and depthwise cases on the previous kernel variants for an old-vs-new comparison
-#   4. scripts/gpu_profile.py (kernel-level breakdown)
-# Writes at most 8 files to $OUT: summary.txt build.log tests.log smoke.log bench.txt cbr.txt
-# variants.txt profile.txt. Environment: OUT, PYTHON (python3), ARCHS, T_* time limits (seconds).
+# Checks of the operators after kernel changes, on a CUDA machine (no network, no Docker):
+#
+#   scripts/gpu-perf-check.sh [SECTION...]      default: build tests bench
+#
+#   build     cudadoctor build --backend local --arch $ARCHS (default 9.0) of opsrc; install it
+#   tests     in parallel: pytest tests/ops and cudadoctor smoke --installed (all four sanitizers)
+#   bench     alone on the GPU: python -m cudadoctor_ops.bench batch_norm depthwise, then
+#             python -m cudadoctor_ops.bench_cbr --cases headline (with torch.compile and ResNet-50)
+#   variants  the previous kernel variants in the same kind of run: CBR's v1 NHWC BatchNorm kernels
+#             (CUDADOCTOR_OPS_CBR_V1=1) and BatchNorm's NHWC reductions at 2 rows per thread
+#             (CUDADOCTOR_OPS_BN_NHWC_ROWS=2); the depthwise bench times its previous kernels itself
+#   profile   scripts/gpu_profile.py bn cbr dw (kernel-level breakdown)
+# The sections after `build` use the installed wheel, so on a machine still warm from an earlier
+# call they can run alone. Writes at most 8 files to $OUT: summary.txt build.log tests.log
+# smoke.log bench.txt cbr.txt variants.txt profile.txt. Environment: OUT, PYTHON, ARCHS, T_*.
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
@@ -22,38 +29,61 @@ S="$OUT/summary.txt"
 say() { echo "[$((SECONDS - T0))s] $*" | tee -a "$S"; }
 lim() { timeout --kill-after=10 "$@"; }
 
-say "GPU: $(nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader 2>&1)"
-lim "${T_BUILD:-240}" "$PY" -m cudadoctor build opsrc --backend local --arch "$ARCHS" --out "$L/dist" \
-  --work-dir "$REPO/build/gpu-perf-work" >"$OUT/build.log" 2>&1
-say "build: exit $? ($(grep -E 'MiB|error' "$OUT/build.log" | head -n 2 | tr '\n' ' '))"
-whl=$(ls "$L"/dist/cudadoctor_ops-*.whl 2>/dev/null | head -n 1)
-if [ -z "$whl" ] || ! "$PY" -m pip install -q --no-deps --force-reinstall "$whl" >>"$OUT/build.log" 2>&1; then
-  say "no installable wheel: stopping"
-  exit 1
-fi
+section_build() {
+  say "GPU: $(nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader 2>&1)"
+  lim "${T_BUILD:-220}" "$PY" -m cudadoctor build opsrc --backend local --arch "$ARCHS" --out "$L/dist" \
+    --work-dir "$REPO/build/gpu-perf-work" >"$OUT/build.log" 2>&1
+  say "build: exit $? ($(grep -E 'MiB|error' "$OUT/build.log" | head -n 2 | tr '\n' ' '))"
+  local whl
+  whl=$(ls "$L"/dist/cudadoctor_ops-*.whl 2>/dev/null | head -n 1)
+  if [ -z "$whl" ] || ! "$PY" -m pip install -q --no-deps --force-reinstall "$whl" >>"$OUT/build.log" 2>&1; then
+    say "no installable wheel"
+    return 1
+  fi
+}
 
-xdist=""; "$PY" -c "import xdist" 2>/dev/null && xdist="-n 8"
-( lim "${T_TESTS:-260}" "$PY" -m pytest -q -p no:cacheprovider $xdist tests/ops -m "not compile" \
-    >"$OUT/tests.log" 2>&1; echo "[exit $?]" >>"$OUT/tests.log" ) &
-p1=$!
-( lim "${T_SMOKE:-260}" "$PY" -m cudadoctor smoke --installed -j 4 >"$OUT/smoke.log" 2>&1; echo "[exit $?]" >>"$OUT/smoke.log" ) &
-p2=$!
-wait $p1 $p2
-say "tests: $(grep -E '(passed|failed|error)' "$OUT/tests.log" | tail -n 1) $(tail -n 1 "$OUT/tests.log")"
-say "smoke: $(grep -E '^(PASS|FAIL)' "$OUT/smoke.log" | tail -n 1) $(tail -n 1 "$OUT/smoke.log")"
+section_tests() {
+  local xdist="" p1 p2
+  "$PY" -c "import xdist" 2>/dev/null && xdist="-n 8"
+  ( lim "${T_TESTS:-220}" "$PY" -m pytest -q -p no:cacheprovider $xdist tests/ops -m "not compile" \
+      >"$OUT/tests.log" 2>&1; echo "[exit $?]" >>"$OUT/tests.log" ) &
+  p1=$!
+  ( lim "${T_SMOKE:-220}" "$PY" -m cudadoctor smoke --installed -j 4 >"$OUT/smoke.log" 2>&1
+    echo "[exit $?]" >>"$OUT/smoke.log" ) &
+  p2=$!
+  wait $p1 $p2
+  say "tests: $(grep -E '(passed|failed|error)' "$OUT/tests.log" | tail -n 1) $(tail -n 1 "$OUT/tests.log")"
+  say "smoke: $(grep -E '^(PASS|FAIL)' "$OUT/smoke.log" | tail -n 1) $(tail -n 1 "$OUT/smoke.log")"
+}
 
-cd "$L"
-lim "${T_BENCH:-150}" "$PY" -m cudadoctor_ops.bench batch_norm depthwise >"$OUT/bench.txt" 2>"$L/bench.err"
-say "bench batch_norm+depthwise: exit $? ($(grep -E 'rows meet' "$OUT/bench.txt" | tail -n 1))"
-lim "${T_CBR:-150}" "$PY" -m cudadoctor_ops.bench_cbr --cases headline >"$OUT/cbr.txt" 2>&1
-say "bench cbr: exit $?"
-{
-  # previous kernel variants, same process kind, same shapes (old vs new in one run)
-  for v in ${VARIANTS:-}; do
-    echo "== $v"
-    env $v lim 120 "$PY" -m cudadoctor_ops.bench_cbr --cases headline 2>&1 | tail -n 12
-  done
-} >"$OUT/variants.txt" 2>&1
-lim "${T_PROFILE:-120}" "$PY" "$REPO/scripts/gpu_profile.py" bn cbr dw >"$OUT/profile.txt" 2>&1
-say "profile: exit $?"
+section_bench() {
+  ( cd "$L" && lim "${T_BENCH:-130}" "$PY" -m cudadoctor_ops.bench batch_norm depthwise >"$OUT/bench.txt" 2>"$L/bench.err" )
+  say "bench batch_norm+depthwise: exit $? ($(grep -E 'rows meet' "$OUT/bench.txt" | tail -n 1))"
+  ( cd "$L" && lim "${T_CBR:-130}" "$PY" -m cudadoctor_ops.bench_cbr --cases headline >"$OUT/cbr.txt" 2>&1 )
+  say "bench cbr: exit $?"
+}
+
+section_variants() {
+  {
+    echo "== CUDADOCTOR_OPS_CBR_V1=1 (previous CBR NHWC kernels)"
+    CUDADOCTOR_OPS_CBR_V1=1 lim 90 "$PY" -m cudadoctor_ops.bench_cbr --cases headline --no-compile --no-resnet 2>/dev/null
+    echo "== default (v2 CBR NHWC kernels), same call"
+    lim 90 "$PY" -m cudadoctor_ops.bench_cbr --cases headline --no-compile --no-resnet 2>/dev/null
+    echo "== CUDADOCTOR_OPS_BN_NHWC_ROWS=2 (previous BatchNorm NHWC reduction grid)"
+    CUDADOCTOR_OPS_BN_NHWC_ROWS=2 lim 60 "$PY" -m cudadoctor_ops.bench batch_norm 2>/dev/null | grep -E "nhwc|copy"
+  } >"$OUT/variants.txt" 2>&1
+  say "variants: done"
+}
+
+section_profile() {
+  lim "${T_PROFILE:-120}" "$PY" "$REPO/scripts/gpu_profile.py" bn cbr dw >"$OUT/profile.txt" 2>&1
+  say "profile: exit $?"
+}
+
+sections=("$@")
+[ ${#sections[@]} -eq 0 ] && sections=(build tests bench)
+for s in "${sections[@]}"; do
+  declare -F "section_$s" >/dev/null || { echo "unknown section: $s" >&2; exit 2; }
+  "section_$s" || { [ "$s" = build ] && exit 1; }
+done
 say "total $((SECONDS - T0))s"

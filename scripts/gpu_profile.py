@@ -104,8 +104,11 @@ def cbr() -> None:
                                        ((32, 64, 56, 56, 64), torch.float32, False),
                                        ((64, 128, 28, 28, 128), torch.bfloat16, True)]:
         mf = torch.channels_last if cl else torch.contiguous_format
+        # low-precision conv, float32 BatchNorm parameters (as under autocast, and as the bench)
         eager = torch.nn.Sequential(torch.nn.Conv2d(ci, co, 3, 1, 1, bias=False), torch.nn.BatchNorm2d(co),
-                                    torch.nn.ReLU()).cuda().to(dt).to(memory_format=mf)
+                                    torch.nn.ReLU()).cuda()
+        eager[0].to(dt)
+        eager = eager.to(memory_format=mf)
         fused = ops.fuse_conv_bn_relu(__import__("copy").deepcopy(eager))
         x = torch.randn(n, ci, h, w_, device="cuda", dtype=dt).contiguous(memory_format=mf).requires_grad_(True)
         tag = f"CBR {(n, ci, h, w_, co)} {dt} {'nhwc' if cl else 'nchw'}"
