@@ -7,9 +7,11 @@
 #   tests     in parallel: pytest tests/ops and cudadoctor smoke --installed (all four sanitizers)
 #   bench     alone on the GPU: python -m cudadoctor_ops.bench batch_norm depthwise, then
 #             python -m cudadoctor_ops.bench_cbr --cases headline (with torch.compile and ResNet-50)
-#   variants  the previous kernel variants in the same kind of run: CBR's v1 NHWC BatchNorm kernels
-#             (CUDADOCTOR_OPS_CBR_V1=1) and BatchNorm's NHWC reductions at 2 rows per thread
-#             (CUDADOCTOR_OPS_BN_NHWC_ROWS=2); the depthwise bench times its previous kernels itself
+#   variants  the previous kernel variants in the same kind of run: BatchNorm's channels_last
+#             training forward without the one-launch kernel (CUDADOCTOR_OPS_BN_FUSED=0), its NHWC
+#             reductions at 2 rows per thread (CUDADOCTOR_OPS_BN_NHWC_ROWS=2), and with
+#             CBR_VARIANTS=1 CBR's v1 NHWC kernels (CUDADOCTOR_OPS_CBR_V1=1); the depthwise bench
+#             times its previous kernels itself
 #   profile   scripts/gpu_profile.py bn cbr dw (kernel-level breakdown)
 # The sections after `build` use the installed wheel, so on a machine still warm from an earlier
 # call they can run alone. Writes at most 8 files to $OUT: summary.txt build.log tests.log
@@ -65,12 +67,16 @@ section_bench() {
 
 section_variants() {
   {
-    echo "== CUDADOCTOR_OPS_CBR_V1=1 (previous CBR NHWC kernels)"
-    CUDADOCTOR_OPS_CBR_V1=1 lim 90 "$PY" -m cudadoctor_ops.bench_cbr --cases headline --no-compile --no-resnet 2>/dev/null
-    echo "== default (v2 CBR NHWC kernels), same call"
-    lim 90 "$PY" -m cudadoctor_ops.bench_cbr --cases headline --no-compile --no-resnet 2>/dev/null
-    echo "== CUDADOCTOR_OPS_BN_NHWC_ROWS=2 (previous BatchNorm NHWC reduction grid)"
+    echo "== CUDADOCTOR_OPS_BN_FUSED=0 (channels_last training forward as stats -> finalize -> apply)"
+    CUDADOCTOR_OPS_BN_FUSED=0 lim 60 "$PY" -m cudadoctor_ops.bench batch_norm 2>/dev/null | grep -E "nhwc|copy"
+    echo "== CUDADOCTOR_OPS_BN_NHWC_ROWS=2 (the first NHWC reduction grid)"
     CUDADOCTOR_OPS_BN_NHWC_ROWS=2 lim 60 "$PY" -m cudadoctor_ops.bench batch_norm 2>/dev/null | grep -E "nhwc|copy"
+    if [ -n "${CBR_VARIANTS:-}" ]; then
+      echo "== CUDADOCTOR_OPS_CBR_V1=1 (previous CBR NHWC kernels)"
+      CUDADOCTOR_OPS_CBR_V1=1 lim 90 "$PY" -m cudadoctor_ops.bench_cbr --cases headline --no-compile --no-resnet 2>/dev/null
+      echo "== default (v2 CBR NHWC kernels), same call"
+      lim 90 "$PY" -m cudadoctor_ops.bench_cbr --cases headline --no-compile --no-resnet 2>/dev/null
+    fi
   } >"$OUT/variants.txt" 2>&1
   say "variants: done"
 }

@@ -416,8 +416,9 @@ void launch_backward(const Layout& l, const at::Tensor& dy, const at::Tensor& dx
   int splits = 0;
   at::Tensor ws;
   if (need_reduce) {
+    // reads x and grad_out: twice the bytes per row against the same partials
     const Plan p = l.nhwc ? plan_launch(bn_bwd_reduce_nhwc<T, V>, true, l.N, l.C, l.HW, V,
-                                        V * 3 * sizeof(A), device)
+                                        V * 3 * sizeof(A), device, 2 * sizeof(T))
                           : plan_launch(bn_bwd_reduce_nchw<T, V>, false, l.N, l.C, l.HW, V, 0,
                                         device);
     splits = p.splits;

@@ -293,16 +293,21 @@ inline dim3 nhwc_block(int64_t Cv) {
   return dim3(tx, kThreads / tx);
 }
 
-// Rows per thread (at least) of the NHWC reductions (stats, backward reduce): each block writes
-// [C, 3] partials, so a block must cover enough rows that the partials stay a small share of the
-// input's bytes. CUDADOCTOR_OPS_BN_NHWC_ROWS overrides it (read once; 2 was the first default).
-inline int nhwc_reduce_rows() {
-  static const int rows = [] {
+// Rows per thread (at least) of the NHWC reductions (stats, backward reduce) with elements of
+// `elem_bytes` and TY rows per block: each block writes 12 bytes of partials per channel, so a
+// block covers at least 96 / elem_bytes rows (partials <= 1/8 of the bytes it reads; at 2 rows
+// per thread, (64,256,14,14) float16 wrote partials of 37% of its input), and every thread at
+// least 2. CUDADOCTOR_OPS_BN_NHWC_ROWS=K fixes K rows per thread instead (read once).
+inline int nhwc_reduce_rows(int elem_bytes, int ty) {
+  static const int fixed = [] {
     const char* v = std::getenv("CUDADOCTOR_OPS_BN_NHWC_ROWS");
     const int r = v ? std::atoi(v) : 0;
-    return r >= 1 && r <= 1024 ? r : 8;
+    return r >= 1 && r <= 1024 ? r : 0;
   }();
-  return rows;
+  if (fixed > 0) return fixed;
+  const int per_block = (96 + elem_bytes - 1) / elem_bytes;
+  const int rows = (per_block + ty - 1) / ty;
+  return rows > 2 ? rows : 2;
 }
 
 inline NhwcGrid nhwc_grid(int64_t Cv, int64_t R, int device, int per_sm, int rows_per_thread = 2) {
@@ -330,15 +335,17 @@ struct Plan {
   int splits = 1;
 };
 
+// reduce_elem_bytes: the element size of a reduction's input (kernels that write per-block
+// partials), 0 for the streaming kernels.
 template <typename K>
 inline Plan plan_launch(K kernel, bool nhwc, int64_t N, int64_t C, int64_t HW, int V,
-                        size_t nhwc_smem_per_thread, int device) {
+                        size_t nhwc_smem_per_thread, int device, int reduce_elem_bytes = 0) {
   Plan p;
   if (nhwc) {
     p.smem = size_t(kThreads) * nhwc_smem_per_thread;
-    // kernels with per-thread shared accumulators are the reductions that write partials
+    const int ty = static_cast<int>(nhwc_block(C / V).y);
     NhwcGrid g = nhwc_grid(C / V, N * HW, device, blocks_per_sm(kernel, p.smem),
-                           nhwc_smem_per_thread ? nhwc_reduce_rows() : 2);
+                           reduce_elem_bytes ? nhwc_reduce_rows(reduce_elem_bytes, ty) : 2);
     p.grid = g.grid;
     p.block = g.block;
     p.splits = g.splits;

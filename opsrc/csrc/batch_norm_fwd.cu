@@ -9,7 +9,11 @@
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
+#include <cooperative_groups.h>
+
 #include "batch_norm_common.cuh"
+
+namespace cg = cooperative_groups;
 
 namespace cudadoctor_ops {
 namespace bn {
@@ -100,14 +104,13 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // x: [R, C] rows, C contiguous, packs of V channels. block (TX, TY), grid (ceil(C/V/TX), splits).
-// ws: [C, splits, 3] as above. Dynamic shared memory: TY * TX * V * 3 accumulators.
+// ws: [C, splits, 3] as above. sm: TY * TX * V * 3 accumulators (dynamic shared memory).
 template <typename T, int V>
-__global__ void __launch_bounds__(kThreads)
-    bn_stats_nhwc(const T* __restrict__ x, typename Acc<T>::type* __restrict__ ws, int64_t R,
-                  int64_t C) {
+__device__ __forceinline__ void stats_nhwc_block(const T* __restrict__ x,
+                                                 typename Acc<T>::type* __restrict__ ws,
+                                                 int64_t R, int64_t C,
+                                                 typename Acc<T>::type* sm) {
   using A = typename Acc<T>::type;
-  extern __shared__ unsigned char smem_raw[];
-  A* sm = reinterpret_cast<A*>(smem_raw);
   const int64_t Cv = C / V;
   const int64_t cv = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const bool active = cv < Cv;
@@ -181,6 +184,14 @@ __global__ void __launch_bounds__(kThreads)
       o[2] = slot(0, i, 2);
     }
   }
+}
+
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads)
+    bn_stats_nhwc(const T* __restrict__ x, typename Acc<T>::type* __restrict__ ws, int64_t R,
+                  int64_t C) {
+  extern __shared__ unsigned char smem_raw[];
+  stats_nhwc_block<T, V>(x, ws, R, C, reinterpret_cast<typename Acc<T>::type*>(smem_raw));
 }
 
 // What it takes to finish a channel: its statistics (training: partials ws [C, splits, 3] of
@@ -369,8 +380,148 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Channels-last training forward of a small tensor in ONE cooperative launch (every block
+// resident): stats partials as bn_stats_nhwc -> grid barrier -> every warp of the grid finishes
+// channels (save_mean / save_invstd / reserve, coef [C, 3]) -> grid barrier -> each block applies
+// y = (x - K) * a + b (+ ReLU) to the rows it reduced, which are still in L2. Same grid, block and
+// shared memory as bn_stats_nhwc. Saves the finalize and apply launches and their gaps, which
+// dominate below ~30 MB.
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads)
+    bn_fused_nhwc(const T* __restrict__ x, T* __restrict__ y, FwdArgs<typename Acc<T>::type> f,
+                  typename Acc<T>::type* __restrict__ ws, typename Acc<T>::type* __restrict__ coef,
+                  int64_t R, int64_t C, bool relu) {
+  using A = typename Acc<T>::type;
+  extern __shared__ unsigned char smem_raw[];
+  cg::grid_group grid = cg::this_grid();
+  stats_nhwc_block<T, V>(x, ws, R, C, reinterpret_cast<A*>(smem_raw));
+  grid.sync();
+  {
+    // channel finishing: one warp per channel over the whole grid (blocks are 2-D, so the lane is
+    // taken from the linear thread index, not threadIdx.x)
+    const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+    const int lane = tid & 31;
+    const int warps_per_block = (blockDim.x * blockDim.y) >> 5;
+    const int64_t block = int64_t(blockIdx.y) * gridDim.x + blockIdx.x;
+    const int64_t nwarps = int64_t(gridDim.x) * gridDim.y * warps_per_block;
+    const int splits = gridDim.y;
+    for (int64_t c = block * warps_per_block + (tid >> 5); c < C; c += nwarps) {
+      A ms = 0, m2 = 0, n = 0;
+      for (int s = lane; s < splits; s += 32) {
+        const A* p = ws + (c * splits + s) * 3;
+        welford_merge(ms, m2, n, p[0], p[1], p[2]);
+      }
+      warp_welford(ms, m2, n);
+      if (lane == 0) {
+        A K, a, b;
+        finish_channel(x, c, f, ms, m2, n, true, K, a, b);
+        coef[c * 3 + 0] = K;
+        coef[c * 3 + 1] = a;
+        coef[c * 3 + 2] = b;
+      }
+    }
+  }
+  grid.sync();
+  const int64_t Cv = C / V;
+  const int64_t cv = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (cv >= Cv) return;
+  A K[V], a[V], b[V];
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    const int64_t c = cv * V + i;
+    K[i] = coef[c * 3 + 0];
+    a[i] = coef[c * 3 + 1];
+    b[i] = coef[c * 3 + 2];
+  }
+  // the rows this thread reduced in the stats phase, last ones first (most recently read)
+  const int64_t rstride = int64_t(gridDim.y) * blockDim.y;
+  const int64_t r0 = int64_t(blockIdx.y) * blockDim.y + threadIdx.y;
+  if (r0 >= R) return;
+  const int64_t last = r0 + ((R - 1 - r0) / rstride) * rstride;
+  for (int64_t r = last; r >= r0; r -= kUnroll * rstride) {
+    Pack<T, V> p[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (r - u * rstride >= r0)
+        p[u] = *reinterpret_cast<const Pack<T, V>*>(x + (r - u * rstride) * C + cv * V);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (r - u * rstride >= r0) {
+        Pack<T, V> o;
+#pragma unroll
+        for (int i = 0; i < V; ++i)
+          o.v[i] = static_cast<T>(act((static_cast<A>(p[u].v[i]) - K[i]) * a[i] + b[i], relu));
+        *reinterpret_cast<Pack<T, V>*>(y + (r - u * rstride) * C + cv * V) = o;
+      }
+    }
+  }
+}
+
+// Whether the channels-last training forward runs as one cooperative kernel: below a size where
+// the tensor stays in L2 between its phases. CUDADOCTOR_OPS_BN_FUSED=0 / 1 forces it off / on
+// (read once).
+inline int fused_nhwc_setting() {
+  static const int v = [] {
+    const char* e = std::getenv("CUDADOCTOR_OPS_BN_FUSED");
+    if (e == nullptr || *e == '\0') return -1;
+    return e[0] == '0' ? 0 : 1;
+  }();
+  return v;
+}
+
+inline bool cooperative_ok(int device) {
+  static int cached[64] = {0};  // 0 unknown, 1 yes, 2 no
+  if (device >= 0 && device < 64 && cached[device] != 0) return cached[device] == 1;
+  int v = 0;
+  if (cudaDeviceGetAttribute(&v, cudaDevAttrCooperativeLaunch, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    v = 0;
+  }
+  if (device >= 0 && device < 64) cached[device] = v ? 1 : 2;
+  return v != 0;
+}
+
+// Tries the one-launch channels-last training forward; false when it does not apply (the caller
+// then runs stats -> finalize -> apply).
+template <typename T, int V>
+bool launch_fused_nhwc(const Layout& l, const T* x, T* y, FwdArgs<typename Acc<T>::type>& f,
+                       const at::TensorOptions& acc_opts, bool relu, int device,
+                       cudaStream_t stream) {
+  using A = typename Acc<T>::type;
+  const int setting = fused_nhwc_setting();
+  if (setting == 0) return false;
+  const int64_t R = l.N * l.HW;
+  const int64_t bytes = R * l.C * int64_t(sizeof(T));
+  if (setting < 0 && bytes > (int64_t(32) << 20)) return false;
+  if (!cooperative_ok(device)) return false;
+  const size_t smem = size_t(kThreads) * V * 3 * sizeof(A);
+  const int per_sm = blocks_per_sm(bn_fused_nhwc<T, V>, smem);
+  NhwcGrid g = nhwc_grid(l.C / V, R, device, per_sm,
+                         nhwc_reduce_rows(sizeof(T), static_cast<int>(nhwc_block(l.C / V).y)));
+  // every block must be resident at once
+  const int64_t resident = int64_t(sm_count(device)) * per_sm;
+  if (int64_t(g.grid.x) * g.grid.y > resident) return false;
+  at::Tensor ws = at::empty({l.C * g.splits * 3}, acc_opts);
+  at::Tensor coef = at::empty({l.C, 3}, acc_opts);
+  A* wsp = ws.data_ptr<A>();
+  A* cp = coef.data_ptr<A>();
+  int64_t C = l.C;
+  f.ws = wsp;
+  f.splits = g.splits;
+  void* args[] = {const_cast<T**>(&x), &y, &f, &wsp, &cp, const_cast<int64_t*>(&R), &C, &relu};
+  const cudaError_t err = cudaLaunchCooperativeKernel(
+      reinterpret_cast<const void*>(bn_fused_nhwc<T, V>), g.grid, g.block, args, smem, stream);
+  if (err == cudaErrorCooperativeLaunchTooLarge) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  C10_CUDA_CHECK(err);
+  return true;
+}
+
 // Launches: NCHW training: stats -> apply (which finishes its channel itself); NCHW eval:
-// apply; NHWC training: stats -> finalize -> apply; NHWC eval: apply.
+// apply; NHWC training: stats -> finalize -> apply, or bn_fused_nhwc alone for small tensors;
+// NHWC eval: apply.
 template <typename T, int V>
 void launch_forward(const Layout& l, const at::Tensor& out, bool training, double eps,
                     bool relu, const at::Tensor& rm, const at::Tensor& rv, const at::Tensor& w,
@@ -399,11 +550,14 @@ void launch_forward(const Layout& l, const at::Tensor& out, bool training, doubl
   f.save_invstd = save_invstd.data_ptr<A>();
   f.reserve = reserve.data_ptr<A>();
   f.k_stride = l.nhwc ? 1 : l.HW;
+  if (training && l.nhwc && launch_fused_nhwc<T, V>(l, x, y, f, acc_opts, relu, device, stream)) {
+    return;
+  }
   at::Tensor ws;
   int stats_splits = 0;
   if (training) {
     const Plan p = l.nhwc ? plan_launch(bn_stats_nhwc<T, V>, true, l.N, l.C, l.HW, V,
-                                        V * 3 * sizeof(A), device)
+                                        V * 3 * sizeof(A), device, sizeof(T))
                           : plan_launch(bn_stats_nchw<T, V>, false, l.N, l.C, l.HW, V, 0, device);
     ws = at::empty({l.C * p.splits * 3}, acc_opts);
     f.ws = ws.data_ptr<A>();

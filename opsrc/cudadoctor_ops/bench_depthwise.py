@@ -179,8 +179,8 @@ def bench_rows(args, timer, copy_tbps) -> list:
 def forward_summary(rows) -> str:
     """Forward rows: current kernels, previous (v2) kernels and torch side by side."""
     lines = ["depthwise forward: current kernels vs previous (v2) vs torch, same run",
-             f"  {'shape':<34} {'dtype':<5} {'layout':<6} {'new ms':>8} {'v1 ms':>8} "
-             f"{'torch ms':>8} {'new/torch':>9} {'v1/torch':>8} {'new vs v1':>9}"]
+             f"  {'shape':<34} {'dtype':<5} {'layout':<6} {'new ms':>8} {'prev ms':>8} "
+             f"{'torch ms':>8} {'new/torch':>9} {'prev/torch':>8} {'new vs prev':>9}"]
     for r in rows:
         if not r.kind.startswith("fwd") or not getattr(r, "prev_ms", 0.0):
             continue

@@ -442,3 +442,55 @@ class TestModules:
         eager.eval()
         compiled_src.eval()
         close(compiled(x), eager(x).double(), torch.float32, what="compiled eval output")
+
+
+_FUSED_CHILD = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    import cudadoctor_ops
+    out = {}
+    for shape, dtype in (((8, 16, 9, 11), torch.float16), ((3, 24, 5, 7), torch.float32),
+                         ((64, 256, 14, 14), torch.bfloat16), ((2, 8, 1, 1), torch.float32)):
+        torch.manual_seed(0)
+        x = (torch.randn(shape, device="cuda") * 3 + 1).to(dtype).contiguous(memory_format=torch.channels_last)
+        x.requires_grad_(True)
+        c = shape[1]
+        w = (torch.rand(c, device="cuda") + 0.5).requires_grad_(True)
+        b = torch.randn(c, device="cuda").requires_grad_(True)
+        rm, rv = torch.zeros(c, device="cuda"), torch.ones(c, device="cuda")
+        y = cudadoctor_ops.batch_norm(x, rm, rv, w, b, True, 0.1, 1e-5, activation="relu")
+        g = torch.randn_like(y)
+        gx, gw, gb = torch.autograd.grad(y, (x, w, b), g)
+        x64 = x.detach().double().requires_grad_(True)
+        w64, b64 = w.detach().double().requires_grad_(True), b.detach().double().requires_grad_(True)
+        rm64, rv64 = torch.zeros(c, dtype=torch.float64, device="cuda"), torch.ones(c, dtype=torch.float64, device="cuda")
+        y64 = torch.relu(torch.nn.functional.batch_norm(x64, rm64, rv64, w64, b64, True, 0.1, 1e-5))
+        r = torch.autograd.grad(y64, (x64, w64, b64), g.double())
+        err = lambda a, e: ((a.double() - e).abs().max() / e.abs().max().clamp_min(1)).item()
+        out[str(shape)] = [err(y, y64), err(gx, r[0]), err(gw, r[1]), err(gb, r[2]),
+                           err(rm, rm64), err(rv, rv64), y.is_contiguous(memory_format=torch.channels_last)]
+    print(json.dumps(out))
+    """
+)
+
+
+@pytest.mark.parametrize("fused", ["0", "1"])
+def test_channels_last_training_with_and_without_the_one_launch_kernel(ops, fused):
+    """CUDADOCTOR_OPS_BN_FUSED=1 forces the cooperative one-launch NHWC training forward, 0 the
+    stats -> finalize -> apply kernels; both must match float64 (the switch is read once per
+    process, hence a child)."""
+    env = dict(os.environ, CUDADOCTOR_OPS_BN_FUSED=fused)
+    proc = subprocess.run([sys.executable, "-c", _FUSED_CHILD], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    import json
+
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(res) == 4
+    for shape, (ey, egx, egw, egb, erm, erv, cl) in res.items():
+        low = "16, 9, 11" in shape or "256" in shape  # the half / bfloat16 cases
+        tol = 3e-2 if low else 1e-4
+        assert max(ey, egx, erm, erv) <= tol, (shape, ey, egx, erm, erv)
+        assert max(egw, egb) <= tol * 10, (shape, egw, egb)
+        assert cl, f"{shape}: output lost channels_last"

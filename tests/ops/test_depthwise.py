@@ -507,11 +507,11 @@ def _cuda_kernel_names(fn) -> list[str]:
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
 def test_auto_channels_last_forward_runs_nhwc_v3_for_16_bit_types(dtype):
-    def names(c, offset=0):
-        buf = torch.randn(2 * c * 12 * 12 + offset, device=DEV).to(dtype)
-        x = torch.as_strided(buf, (2, c, 12, 12), (144 * c, 1, 12 * c, c), offset)
-        wt = torch.randn(c, 1, 3, 3, device=DEV).to(dtype)
-        return _cuda_kernel_names(lambda: depthwise_conv2d(x, wt, None, 1, 1))
+    def names(c, offset=0, hw=28, k=3, stride=1):
+        buf = torch.randn(2 * c * hw * hw + offset, device=DEV).to(dtype)
+        x = torch.as_strided(buf, (2, c, hw, hw), (hw * hw * c, 1, hw * c, c), offset)
+        wt = torch.randn(c, 1, k, k, device=DEV).to(dtype)
+        return _cuda_kernel_names(lambda: depthwise_conv2d(x, wt, None, stride, k // 2))
 
     got = names(16)
     if not any("fwd" in n for n in got):
@@ -521,6 +521,12 @@ def test_auto_channels_last_forward_runs_nhwc_v3_for_16_bit_types(dtype):
     for c, offset in ((12, 0), (16, 1)):
         got = names(c, offset)
         assert not any("fwd_nhwc_v3" in n for n in got), (c, offset, got)
+    # the shapes where the second-generation kernel was faster: 3x3 on 14x14, 3x3 at stride 2
+    for hw, k, stride in ((14, 3, 1), (28, 3, 2)):
+        got = names(16, hw=hw, k=k, stride=stride)
+        assert not any("fwd_nhwc_v3" in n for n in got), (hw, k, stride, got)
+    if dtype != torch.float32:
+        assert any("fwd_nhwc_v3" in n for n in names(16, hw=14, k=5)), "5x5 on 14x14 runs nhwc_v3"
 
 
 # ---- errors raised by the compiled op itself (no Python-side checks in front) -----------------
