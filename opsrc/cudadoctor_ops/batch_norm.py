@@ -26,10 +26,7 @@ __all__ = ["batch_norm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d"]
 
 ACTIVATIONS = ("none", "relu")
 
-# op overloads looked up once (calls through them skip the packet's overload resolution)
-_BN = torch.ops.cudadoctor_ops.batch_norm.default
-_BN_BACKWARD = torch.ops.cudadoctor_ops.batch_norm_backward.default
-_BN_UPDATE_STATS = torch.ops.cudadoctor_ops.batch_norm_update_stats.default
+# the op overload looked up once (calls through it skip the packet's overload resolution)
 _BN_FORWARD = torch.ops.cudadoctor_ops.batch_norm_forward.default
 
 
@@ -168,28 +165,11 @@ def batch_norm(
     _check_param(running_var, "running_var", input)
     if training:
         _verify_batch_size(input.shape)
-    if not torch.compiler.is_compiling():
-        # one call into C++ (forward, autograd node and running-statistics update)
-        return _BN_FORWARD(
-            input, weight, bias, running_mean, running_var, bool(training), float(momentum), float(eps), activation
-        )
-    # traced by torch.compile: the two ops, each with its fake kernel
-    out, save_mean, save_invstd, _reserve = _BN(
-        input,
-        weight,
-        bias,
-        None if training else running_mean,
-        None if training else running_var,
-        bool(training),
-        float(eps),
-        activation,
+    # one call into C++: forward, autograd node and running-statistics update (under torch.compile
+    # the composite op traces to batch_norm + batch_norm_update_stats, each with its fake kernel)
+    return _BN_FORWARD(
+        input, weight, bias, running_mean, running_var, bool(training), float(momentum), float(eps), activation
     )
-    if training and running_mean is not None and running_var is not None and input.numel() > 0:
-        count = input.numel() // input.shape[1]
-        _BN_UPDATE_STATS(
-            running_mean, running_var, save_mean, save_invstd, float(momentum), float(eps), count
-        )
-    return out
 
 
 class _FusedBatchNorm:

@@ -119,6 +119,13 @@ def test_wheel_imports_and_fakes_work_without_gpu(built_wheel):
         y = ns.batch_norm_forward(xg, None, bg, None, None, True, 0.1, 1e-5, "none")
         (gb_,) = torch.autograd.grad(y, (bg,), torch.empty_like(y))
         assert gb_.shape == (8,)
+        # the composite traces under torch.compile (fullgraph) to batch_norm + the stats update
+        torch._dynamo.reset()
+        y = torch.compile(lambda *a: ns.batch_norm_forward(*a, True, 0.1, 1e-5, "relu"), fullgraph=True,
+                          backend="aot_eager")(xg, wg, bg, rm, rv)
+        assert y.shape == xg.shape and y.grad_fn is not None, y
+        gx, = torch.autograd.grad(y, (xg,), torch.empty_like(y))
+        assert gx.shape == xg.shape
         # depthwise_conv2d's autograd is a C++ Function too
         assert torch._C._dispatch_has_kernel_for_dispatch_key("cudadoctor_ops::depthwise_conv2d", "Autograd")
         xd = torch.empty(2, 8, 9, 9, device="meta", requires_grad=True)
