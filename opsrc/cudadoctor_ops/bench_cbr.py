@@ -10,6 +10,16 @@ bytes the autograd graph holds after the forward once the output itself is dropp
 keeps alive), and the peak of the forward. A torchvision ResNet-50 training step (channels_last,
 bf16 autocast, SGD) after ``fuse_conv_bn_relu`` against the unfused model: images/s and the loss
 of 20 steps from the same seed and data.
+
+Two times per layer kind. The plain row ("train fwd", "fwd+bwd", "eval fwd") times one call of the
+Python module with the shared timer, which flushes L2 before every call: it includes whatever host
+time (Python, dispatch, launches) the flush kernel does not hide, so it moves between processes when
+a call's host time is longer than the flush. The "(graph)" row times a replay of one call captured
+in a CUDA graph with the same timer: the GPU time of the same kernels, without host time.
+
+The ResNet-50 images/s are measured in interleaved rounds (eager then fused, the order alternating
+per round) and reported as the median over rounds with the min-max range, so that a drift of the
+GPU or host over the run hits both models alike.
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import statistics
 import sys
 import time
 
@@ -43,6 +54,26 @@ RESNET50_3X3 = [
     ((64, 512, 7, 7), 512, 1),
 ]
 TARGETS = {"train fwd": 1.3, "train fwd vs compile": 1.0, "fwd+bwd": 1.2, "eval fwd": 1.5}
+GRAPH = " (graph)"
+# the kinds of a case in table order; "<kind> (graph)" is the CUDA-graph replay of "<kind>"
+KINDS = ("train fwd", "train fwd" + GRAPH, "train fwd vs compile", "fwd+bwd", "fwd+bwd" + GRAPH,
+         "fwd+bwd vs compile", "eval fwd", "eval fwd" + GRAPH, "eval fwd epilogue")
+
+
+def _target(kind: str):
+    """Target speedup of a kind; a graph row has the target of the kind it replays."""
+    return TARGETS.get(kind[: -len(GRAPH)] if kind.endswith(GRAPH) else kind)
+
+
+def _median_range(values) -> tuple[float, list]:
+    """(median, [min, max]) of a non-empty sequence of numbers."""
+    vals = [float(v) for v in values]
+    return statistics.median(vals), [min(vals), max(vals)]
+
+
+def _round_orders(rounds: int) -> list[tuple[str, str]]:
+    """Which model each interleaved round times first: eager first in even rounds, fused in odd."""
+    return [("eager", "fused") if r % 2 == 0 else ("fused", "eager") for r in range(max(1, int(rounds)))]
 
 
 def _blocks(shape, k, stride, dtype, layout):
@@ -110,6 +141,41 @@ def _timer(rep_ms: float):
     return timer
 
 
+def _settle() -> None:
+    """Wait for the device after a failed capture or timing; errors here are not ours to report."""
+    try:
+        torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def graph_ms(timer, fn, errors: list | None = None):
+    """Milliseconds of one replay of fn captured in a CUDA graph (GPU time only), or None.
+
+    fn runs 3 times on a side stream first (allocations, lazy initialisation and tuning happen
+    outside the capture, as torch.cuda.graph requires), then one call is captured and the timer
+    times ``g.replay``. Any exception (capture unsupported by a kernel or library, a host sync
+    inside fn, ...) gives None, with its text appended to ``errors``.
+    """
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        torch.cuda.synchronize()
+        return float(timer(g.replay))
+    except Exception as exc:  # noqa: BLE001 - report, keep benchmarking
+        if errors is not None:
+            errors.append(f"{type(exc).__name__}: {exc}"[:300])
+        _settle()
+        return None
+
+
 def bench_case(timer, shape, k, stride, dt, layout, compile_block: bool) -> dict:
     dtype = _DT[dt]
     x, eager, fused = _blocks(shape, k, stride, dtype, layout)
@@ -126,6 +192,17 @@ def bench_case(timer, shape, k, stride, dt, layout, compile_block: bool) -> dict
             y.backward(gy)
 
         return run
+
+    def graph_pair(kind, ours_fn, eager_fn):
+        """res[kind + " (graph)"] = (ours, eager) replay ms when both captured; failures in res["graph_error"]."""
+        ms = {}
+        for who, fn in (("ours", ours_fn), ("eager", eager_fn)):
+            errors: list = []
+            ms[who] = graph_ms(timer, fn, errors)
+            if errors:
+                res.setdefault("graph_error", {})[f"{kind} {who}"] = errors[0]
+        if ms["ours"] is not None and ms["eager"] is not None:
+            res[kind + GRAPH] = (ms["ours"], ms["eager"])
 
     eager.train()
     fused.train()
@@ -148,7 +225,10 @@ def bench_case(timer, shape, k, stride, dt, layout, compile_block: bool) -> dict
     )
     del y0
     res["train fwd"] = (timer(fwd(fused)), timer(fwd(eager)))
+    graph_pair("train fwd", fwd(fused), fwd(eager))
     res["fwd+bwd"] = (timer(fwd_bwd(fused)), timer(fwd_bwd(eager)))
+    # the timed calls above allocated the .grad tensors; replays accumulate into them
+    graph_pair("fwd+bwd", fwd_bwd(fused), fwd_bwd(eager))
     if compile_block:
         try:
             compiled = torch.compile(copy.deepcopy(eager))
@@ -168,6 +248,7 @@ def bench_case(timer, shape, k, stride, dt, layout, compile_block: bool) -> dict
     fused.eval()
     with torch.no_grad():
         res["eval fwd"] = (timer(lambda: fused(x)), timer(lambda: eager(x)))
+        graph_pair("eval fwd", lambda: fused(x), lambda: eager(x))
         from .conv_bn_relu import _TUNED
 
         res["eval_variant"] = list(_TUNED.values())[-1] if _TUNED else "-"
@@ -177,8 +258,14 @@ def bench_case(timer, shape, k, stride, dt, layout, compile_block: bool) -> dict
     return res
 
 
-def resnet50_step(steps: int = 20, batch: int = 64, timed: int = 10) -> dict:
-    """ResNet-50 training steps, eager vs fused, same init and data, bf16 autocast."""
+def resnet50_step(steps: int = 20, batch: int = 64, timed: int = 10, rounds: int = 5) -> dict:
+    """ResNet-50 training steps, eager vs fused, same init and data, bf16 autocast.
+
+    Loss: ``steps`` steps of each model from the same weights and data. Speed: after 3 warm-up
+    steps of each, ``rounds`` rounds, each timing ``timed`` steps of eager and ``timed`` steps of
+    fused (which goes first alternates per round); images/s are the median over rounds, with the
+    [min, max] range, and ``speedup`` is median fused / median eager.
+    """
     try:
         import torchvision
     except Exception as exc:  # noqa: BLE001 - torchvision is optional
@@ -220,8 +307,6 @@ def resnet50_step(steps: int = 20, batch: int = 64, timed: int = 10) -> dict:
         losses_f.append(step_f(i).item())
 
     def ips(step):
-        for i in range(3):
-            step(i)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for i in range(timed):
@@ -229,16 +314,29 @@ def resnet50_step(steps: int = 20, batch: int = 64, timed: int = 10) -> dict:
         torch.cuda.synchronize()
         return batch * timed / (time.perf_counter() - t0)
 
-    ips_e = ips(step_e)
-    ips_f = ips(step_f)
-    ips_e2 = ips(step_e)  # eager again: run-to-run spread
+    models = {"eager": step_e, "fused": step_f}
+    for step in models.values():
+        for i in range(3):
+            step(i)
+    torch.cuda.synchronize()
+    per_round: dict = {"eager": [], "fused": []}
+    orders = _round_orders(rounds)
+    for order in orders:
+        for name in order:
+            per_round[name].append(ips(models[name]))
+    med_e, range_e = _median_range(per_round["eager"])
+    med_f, range_f = _median_range(per_round["fused"])
     max_rel = max(abs(a - b) / max(abs(b), 1e-6) for a, b in zip(losses_f, losses_e))
     return {
         "fused_chains": fused.__dict__.get("_cbr_fused", 0),
-        "images_per_s_eager": ips_e,
-        "images_per_s_eager_again": ips_e2,
-        "images_per_s_fused": ips_f,
-        "speedup": ips_f / max(ips_e, ips_e2),
+        "images_per_s_eager": med_e,
+        "images_per_s_fused": med_f,
+        "images_per_s_eager_range": range_e,
+        "images_per_s_fused_range": range_f,
+        "images_per_s_eager_rounds": per_round["eager"],
+        "images_per_s_fused_rounds": per_round["fused"],
+        "rounds": len(orders),
+        "speedup": med_f / med_e,
         "losses_eager": losses_e,
         "losses_fused": losses_f,
         "max_rel_loss_diff": max_rel,
@@ -285,7 +383,8 @@ def bench_rows(args, timer, copy_tbps) -> list:
             f"({sb['ours'] / max(sb['eager'], 1):.2f}x, target <= 0.75x); forward peak "
             f"{sb['ours_peak'] / 2**20:.1f} vs {sb['eager_peak'] / 2**20:.1f} MiB; max rel err {r['max_rel_err']:.2e}; "
             f"eval variant: {r.get('eval_variant')}"
-            + (f"; compile failed: {r['compile_error']}" if "compile_error" in r else ""),
+            + (f"; compile failed: {r['compile_error']}" if "compile_error" in r else "")
+            + "".join(f"; graph capture failed ({k}): {v}" for k, v in r.get("graph_error", {}).items()),
             file=sys.stderr,
             flush=True,
         )
@@ -294,33 +393,51 @@ def bench_rows(args, timer, copy_tbps) -> list:
     for r in results:
         n, c, h, w = r["shape"]
         nbytes = _DT[r["dtype"]].itemsize * (n * c * h * w + 4 * n * r["k"] * (h // r["stride"]) * (w // r["stride"]))
-        for kind in ("train fwd", "train fwd vs compile", "fwd+bwd", "fwd+bwd vs compile", "eval fwd",
-                     "eval fwd epilogue"):
+        for kind in KINDS:
             if kind not in r:
                 continue
             ours, theirs = r[kind]
             row = Row("conv_bn_relu", kind, r["shape"] + (r["k"],), r["dtype"], r["layout"], ours, theirs, nbytes,
-                      TARGETS.get(kind, 0.0))
+                      _target(kind) or 0.0)
             rows.append(row.finish(copy_tbps))
-    res = resnet50_step()
+    res = resnet50_step(rounds=getattr(args, "rounds", 5))
+    if "skipped" not in res:
+        print("  " + _fmt_resnet(res), file=sys.stderr, flush=True)
     print(f"  resnet50 train step: {json.dumps(res)}", file=sys.stderr, flush=True)
     return rows
+
+
+def _fmt_range(rng) -> str:
+    return f"{rng[0]:.0f}-{rng[1]:.0f}" if rng else "-"
+
+
+def _fmt_resnet(resnet: dict) -> str:
+    """The ResNet-50 summary line: medians and min-max ranges of the interleaved rounds."""
+    return (
+        f"ResNet-50 bs64 bf16 channels_last train step: {resnet['images_per_s_fused']:.0f} img/s fused "
+        f"({_fmt_range(resnet.get('images_per_s_fused_range'))}) vs {resnet['images_per_s_eager']:.0f} "
+        f"({_fmt_range(resnet.get('images_per_s_eager_range'))}) eager, {resnet['speedup']:.2f}x median of "
+        f"{resnet.get('rounds', '?')} interleaved rounds (target >= 1.1x); {resnet['fused_chains']} chains fused; "
+        f"loss max rel diff over {len(resnet['losses_eager'])} steps {resnet['max_rel_loss_diff']:.2e}"
+    )
 
 
 def _fmt(results: list[dict], resnet: dict, header: bool = True) -> str:
     lines = [f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}"] if header else []
     head = ["shape->K s", "dtype", "layout", "kind", "ours ms", "ref ms", "ratio", "target", "met"]
     table = [head]
+    notes = []
     for r in results:
         label = f"{r['shape']}->{r['k']} s{r['stride']}"
-        for kind in ("train fwd", "train fwd vs compile", "fwd+bwd", "fwd+bwd vs compile", "eval fwd",
-                     "eval fwd epilogue"):
+        for kind in KINDS:
             if kind not in r:
                 continue
             ours, theirs = r[kind]
             ratio = theirs / ours
-            tgt = TARGETS.get(kind)
-            shown = f"{kind} [{r.get('eval_variant')}]" if kind == "eval fwd" else kind
+            tgt = _target(kind)
+            shown = kind
+            if kind in ("eval fwd", "eval fwd" + GRAPH):
+                shown = f"eval fwd [{r.get('eval_variant')}]" + (GRAPH if kind.endswith(GRAPH) else "")
             table.append([label, r["dtype"], r["layout"], shown, f"{ours:.4f}", f"{theirs:.4f}", f"{ratio:.2f}x",
                           f">={tgt}x" if tgt else "-", ("yes" if ratio >= tgt else "NO") if tgt else "-"])
         table.append([label, r["dtype"], r["layout"], "conv alone fwd / bwd", f"{r['conv_fwd_ms']:.4f}",
@@ -329,22 +446,20 @@ def _fmt(results: list[dict], resnet: dict, header: bool = True) -> str:
         ratio = sb["ours"] / max(sb["eager"], 1)
         table.append([label, r["dtype"], r["layout"], "saved MiB", f"{sb['ours'] / 2**20:.1f}",
                       f"{sb['eager'] / 2**20:.1f}", f"{ratio:.2f}x", "<=0.75x", "yes" if ratio <= 0.75 else "NO"])
+        for what, err in r.get("graph_error", {}).items():
+            notes.append(f"{label} {r['dtype']} {r['layout']}: graph capture of {what} failed: {err}")
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     for i, row in enumerate(table):
         lines.append("  ".join(v.ljust(widths[j]) for j, v in enumerate(row)))
         if i == 0:
             lines.append("  ".join("-" * w for w in widths))
+    lines.extend(notes)
     if resnet:
         lines.append("")
         if "skipped" in resnet:
             lines.append(f"ResNet-50: {resnet['skipped']}")
         else:
-            lines.append(
-                f"ResNet-50 bs64 bf16 channels_last train step: {resnet['images_per_s_fused']:.0f} img/s fused vs "
-                f"{resnet['images_per_s_eager']:.0f} / {resnet['images_per_s_eager_again']:.0f} eager "
-                f"({resnet['speedup']:.2f}x, target >= 1.1x); {resnet['fused_chains']} chains fused; "
-                f"loss max rel diff over {len(resnet['losses_eager'])} steps {resnet['max_rel_loss_diff']:.2e}"
-            )
+            lines.append(_fmt_resnet(resnet))
             lines.append("  eager: " + " ".join(f"{v:.4f}" for v in resnet["losses_eager"]))
             lines.append("  fused: " + " ".join(f"{v:.4f}" for v in resnet["losses_fused"]))
     return "\n".join(lines)
@@ -360,6 +475,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--json-out", metavar="PATH", help="also write the JSON results to PATH")
     parser.add_argument("--rep-ms", type=float, default=60, help="measuring time per timing (ms)")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="interleaved eager/fused rounds of the ResNet-50 images/s (default 5)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("cudadoctor_ops.bench_cbr: no CUDA GPU visible; the benchmarks need one.", file=sys.stderr)
@@ -372,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
         print(_fmt([r], {}, header=False), file=sys.stderr, flush=True)
 
     results = run(timer, quick=args.quick, compile_block=not args.no_compile, progress=progress, which=args.cases)
-    resnet = {} if args.no_resnet else resnet50_step()
+    resnet = {} if args.no_resnet else resnet50_step(rounds=args.rounds)
     doc = json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cases": results,
                       "resnet50": resnet}, default=list)
     if args.json_out:
