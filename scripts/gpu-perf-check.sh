@@ -8,11 +8,13 @@
 #   bench     alone on the GPU: python -m cudadoctor_ops.bench batch_norm depthwise, then
 #             python -m cudadoctor_ops.bench_cbr --cases headline (with torch.compile and ResNet-50)
 #   variants  the previous kernel variants in the same kind of run: BatchNorm's channels_last
-#             training forward without the one-launch kernel (CUDADOCTOR_OPS_BN_FUSED=0), its NHWC
-#             reductions at 2 rows per thread (CUDADOCTOR_OPS_BN_NHWC_ROWS=2), and with
+#             training forward without the one-launch kernel (CUDADOCTOR_OPS_BN_FUSED=0), the
+#             contiguous one without it (CUDADOCTOR_OPS_BN_FUSED_NCHW=0), and with
 #             CBR_VARIANTS=1 CBR's v1 NHWC kernels (CUDADOCTOR_OPS_CBR_V1=1); the depthwise bench
 #             times its previous kernels itself
-#   profile   scripts/gpu_profile.py bn cbr dw (kernel-level breakdown)
+#   profile   scripts/gpu_profile.py $PROFILE_PARTS (default bn cbr dw; kernel-level breakdown)
+#   ncu       Nsight Compute sections of scripts/gpu_ncu.py $NCU_PARTS (default dw bn), appended
+#             to profile.txt
 # The sections after `build` use the installed wheel, so on a machine still warm from an earlier
 # call they can run alone. Writes at most 8 files to $OUT: summary.txt build.log tests.log
 # smoke.log bench.txt cbr.txt variants.txt profile.txt. Environment: OUT, PYTHON, ARCHS, T_*.
@@ -69,8 +71,8 @@ section_variants() {
   {
     echo "== CUDADOCTOR_OPS_BN_FUSED=0 (channels_last training forward as stats -> finalize -> apply)"
     CUDADOCTOR_OPS_BN_FUSED=0 lim 60 "$PY" -m cudadoctor_ops.bench batch_norm 2>/dev/null | grep -E "nhwc|copy"
-    echo "== CUDADOCTOR_OPS_BN_NHWC_ROWS=2 (the first NHWC reduction grid)"
-    CUDADOCTOR_OPS_BN_NHWC_ROWS=2 lim 60 "$PY" -m cudadoctor_ops.bench batch_norm 2>/dev/null | grep -E "nhwc|copy"
+    echo "== CUDADOCTOR_OPS_BN_FUSED_NCHW=0 (contiguous training forward as stats -> apply)"
+    CUDADOCTOR_OPS_BN_FUSED_NCHW=0 lim 60 "$PY" -m cudadoctor_ops.bench batch_norm 2>/dev/null | grep -E "nchw|copy"
     if [ -n "${CBR_VARIANTS:-}" ]; then
       echo "== CUDADOCTOR_OPS_CBR_V1=1 (previous CBR NHWC kernels)"
       CUDADOCTOR_OPS_CBR_V1=1 lim 90 "$PY" -m cudadoctor_ops.bench_cbr --cases headline --no-compile --no-resnet 2>/dev/null
@@ -82,8 +84,20 @@ section_variants() {
 }
 
 section_profile() {
-  lim "${T_PROFILE:-120}" "$PY" "$REPO/scripts/gpu_profile.py" bn cbr dw >"$OUT/profile.txt" 2>&1
+  lim "${T_PROFILE:-120}" "$PY" "$REPO/scripts/gpu_profile.py" ${PROFILE_PARTS:-bn cbr dw} >"$OUT/profile.txt" 2>&1
   say "profile: exit $?"
+}
+
+# Nsight Compute on a few kernels (scripts/gpu_ncu.py), appended to profile.txt
+section_ncu() {
+  local ncu
+  ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
+  [ -z "$ncu" ] && { say "ncu: not found"; return 0; }
+  { echo "== ncu ${NCU_PARTS:-dw bn}"
+    lim "${T_NCU:-150}" "$ncu" --profile-from-start off --section SpeedOfLight --section LaunchStats \
+      --section Occupancy --section MemoryWorkloadAnalysis "$PY" "$REPO/scripts/gpu_ncu.py" ${NCU_PARTS:-dw bn}
+  } >>"$OUT/profile.txt" 2>&1
+  say "ncu: exit $?"
 }
 
 sections=("$@")

@@ -11,6 +11,7 @@
 
 #include <cooperative_groups.h>
 
+#include "batch_norm.h"
 #include "batch_norm_common.cuh"
 
 namespace cg = cooperative_groups;
@@ -47,18 +48,18 @@ __device__ __forceinline__ void welford_pack(const Pack<T, V>& p, A K, A& mean, 
   }
 }
 
-// x: [N, C, HW] contiguous, packs of V along HW. grid (C, splits), block kThreads.
-// ws: [C, splits, 3] = (mean of x - K, M2, count) of this block's slice.
+// x: [N, C, HW] contiguous, packs of V along HW. The block reduces slice `split` of `splits`
+// of channel c into ws: [C, splits, 3] = (mean of x - K, M2, count). Ends with a block barrier
+// (callers loop over items with the same shared memory).
 template <typename T, int V>
-__global__ void __launch_bounds__(kThreads)
-    bn_stats_nchw(const T* __restrict__ x, typename Acc<T>::type* __restrict__ ws, int64_t N,
-                  int64_t C, int64_t HW) {
+__device__ __forceinline__ void stats_nchw_item(const T* __restrict__ x,
+                                                typename Acc<T>::type* __restrict__ ws,
+                                                int64_t N, int64_t C, int64_t HW, int64_t c,
+                                                int64_t split, int splits) {
   using A = typename Acc<T>::type;
-  const int64_t c = blockIdx.x;
-  const int splits = gridDim.y;
   const int64_t packs = N * (HW / V);
   const int64_t chunk = (packs + splits - 1) / splits;
-  const int64_t begin = blockIdx.y * chunk;
+  const int64_t begin = split * chunk;
   const int64_t end = begin + chunk < packs ? begin + chunk : packs;
   const int64_t stride = blockDim.x;
   const A K = static_cast<A>(x[c * HW]);
@@ -95,12 +96,21 @@ __global__ void __launch_bounds__(kThreads)
     n = lane < nw ? sm[2][lane] : A(0);
     warp_welford(mean, m2, n);
     if (lane == 0) {
-      A* o = ws + (c * splits + blockIdx.y) * 3;
+      A* o = ws + (c * splits + split) * 3;
       o[0] = mean;
       o[1] = m2;
       o[2] = n;
     }
   }
+  __syncthreads();
+}
+
+// grid (C, splits), block kThreads: one item per block.
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads)
+    bn_stats_nchw(const T* __restrict__ x, typename Acc<T>::type* __restrict__ ws, int64_t N,
+                  int64_t C, int64_t HW) {
+  stats_nchw_item<T, V>(x, ws, N, C, HW, blockIdx.x, blockIdx.y, gridDim.y);
 }
 
 // x: [R, C] rows, C contiguous, packs of V channels. block (TX, TY), grid (ceil(C/V/TX), splits).
@@ -206,6 +216,7 @@ struct FwdArgs {
   const void* rmean;
   const void* rvar;
   int rkind;
+  int rvkind;
   const void* weight;
   int wkind;
   const void* bias;
@@ -214,6 +225,13 @@ struct FwdArgs {
   A* save_invstd;
   A* reserve;  // the part of the mean that save_mean's rounding lost
   int64_t k_stride;
+  // training only: running statistics updated in place where the saved statistics are stored
+  // (running = (1 - momentum) * running + momentum * batch, unbiased variance); null for none
+  void* upd_mean;
+  void* upd_var;
+  int umkind;
+  int uvkind;
+  A momentum;
 };
 
 // Lane 0 of the calling warp gets the merged (mean of x - K, M2, count) of channel c.
@@ -243,7 +261,7 @@ __device__ __forceinline__ void finish_channel(const T* x, int64_t c, const FwdA
   } else {
     K = load_param<A>(f.rmean, f.rkind, c, A(0));
     ms = 0;
-    invstd = inv_sqrt(load_param<A>(f.rvar, f.rkind, c, A(1)) + f.eps);
+    invstd = inv_sqrt(load_param<A>(f.rvar, f.rvkind, c, A(1)) + f.eps);
   }
   const A w = load_param<A>(f.weight, f.wkind, c, A(1));
   const A bias = load_param<A>(f.bias, f.bkind, c, A(0));
@@ -254,6 +272,15 @@ __device__ __forceinline__ void finish_channel(const T* x, int64_t c, const FwdA
     f.save_mean[c] = full;
     f.save_invstd[c] = invstd;
     f.reserve[c] = (K - full) + ms;
+    if (f.training && f.upd_mean != nullptr) {
+      // one value per channel (n == 1) gives 0 / 0 = nan like torch; the callers refuse it
+      const A unbiased = m2 / (n - A(1));
+      const A m = f.momentum;
+      const A om = load_param<A>(f.upd_mean, f.umkind, c, A(0));
+      const A ov = load_param<A>(f.upd_var, f.uvkind, c, A(0));
+      store_param<A>(f.upd_mean, f.umkind, c, (A(1) - m) * om + m * full);
+      store_param<A>(f.upd_var, f.uvkind, c, (A(1) - m) * ov + m * unbiased);
+    }
   }
 }
 
@@ -279,22 +306,22 @@ __device__ __forceinline__ A act(A y, bool relu) {
   return (relu && y < A(0)) ? A(0) : y;  // NaN passes through like torch.relu
 }
 
-// x, y: [N, C, HW]; grid (C, splits of the apply), block kThreads. Warp 0 finishes the channel
-// (merging the f.splits training partials, or from the running statistics); block y == 0
-// stores the saved statistics.
+// x, y: [N, C, HW]. The block applies slice `split` of `splits` of channel c. Warp 0 finishes
+// the channel first (merging the f.splits training partials, or from the running statistics);
+// split 0 stores the saved statistics. Ends with a block barrier (callers loop over items).
 template <typename T, int V>
-__global__ void __launch_bounds__(kThreads)
-    bn_apply_nchw(const T* __restrict__ x, T* __restrict__ y, FwdArgs<typename Acc<T>::type> f,
-                  int64_t N, int64_t C, int64_t HW, bool relu) {
+__device__ __forceinline__ void apply_nchw_item(const T* __restrict__ x, T* __restrict__ y,
+                                                const FwdArgs<typename Acc<T>::type>& f,
+                                                int64_t N, int64_t C, int64_t HW, int64_t c,
+                                                int64_t split, int splits, bool relu) {
   using A = typename Acc<T>::type;
-  const int64_t c = int64_t(gridDim.x) - 1 - blockIdx.x;  // last channels first (still in L2)
   __shared__ A sh[3];
   if (threadIdx.x < 32) {
     A ms = 0, m2 = 0, n = 0;
     if (f.training) warp_merge_partials(f.ws, f.splits, c, ms, m2, n);
     if (threadIdx.x == 0) {
       A K, a, b;
-      finish_channel(x, c, f, ms, m2, n, blockIdx.y == 0, K, a, b);
+      finish_channel(x, c, f, ms, m2, n, split == 0, K, a, b);
       sh[0] = K;
       sh[1] = a;
       sh[2] = b;
@@ -302,36 +329,68 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   const A K = sh[0], a = sh[1], b = sh[2];
-  const int splits = gridDim.y;
   const int64_t packs = N * (HW / V);
   const int64_t chunk = (packs + splits - 1) / splits;
-  const int64_t begin = blockIdx.y * chunk;
+  const int64_t begin = split * chunk;
   const int64_t end = begin + chunk < packs ? begin + chunk : packs;
   const int64_t stride = blockDim.x;
   // backwards through the slice: the stats pass read its end last
   int64_t j = end - 1 - threadIdx.x;
-  if (j < begin) return;
-  NchwWalk w(j, stride, c, C, HW, V);
-  for (; j >= begin; j -= kUnroll * stride) {
-    Pack<T, V> p[kUnroll];
-    int64_t off[kUnroll];
+  if (j >= begin) {
+    NchwWalk w(j, stride, c, C, HW, V);
+    for (; j >= begin; j -= kUnroll * stride) {
+      Pack<T, V> p[kUnroll];
+      int64_t off[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      off[u] = w.off;
-      if (j - u * stride >= begin) p[u] = *reinterpret_cast<const Pack<T, V>*>(x + w.off);
-      w.retreat();
-    }
+      for (int u = 0; u < kUnroll; ++u) {
+        off[u] = w.off;
+        if (j - u * stride >= begin) p[u] = *reinterpret_cast<const Pack<T, V>*>(x + w.off);
+        w.retreat();
+      }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (j - u * stride >= begin) {
-        Pack<T, V> o;
+      for (int u = 0; u < kUnroll; ++u) {
+        if (j - u * stride >= begin) {
+          Pack<T, V> o;
 #pragma unroll
-        for (int i = 0; i < V; ++i)
-          o.v[i] = static_cast<T>(act((static_cast<A>(p[u].v[i]) - K) * a + b, relu));
-        *reinterpret_cast<Pack<T, V>*>(y + off[u]) = o;
+          for (int i = 0; i < V; ++i)
+            o.v[i] = static_cast<T>(act((static_cast<A>(p[u].v[i]) - K) * a + b, relu));
+          *reinterpret_cast<Pack<T, V>*>(y + off[u]) = o;
+        }
       }
     }
   }
+  __syncthreads();
+}
+
+// grid (C, splits of the apply), block kThreads; the last channels first (still in L2).
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads)
+    bn_apply_nchw(const T* __restrict__ x, T* __restrict__ y, FwdArgs<typename Acc<T>::type> f,
+                  int64_t N, int64_t C, int64_t HW, bool relu) {
+  apply_nchw_item<T, V>(x, y, f, N, C, HW, int64_t(gridDim.x) - 1 - blockIdx.x, blockIdx.y,
+                        gridDim.y, relu);
+}
+
+// NCHW training forward of a small tensor in ONE cooperative launch (every block resident):
+// the items (channel, slice) are dealt to the blocks round-robin; stats partials of every item
+// -> grid barrier -> each block finishes and applies its items in reverse order (most recently
+// read first, still in L2). Saves the apply launch and its gap.
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads)
+    bn_fused_nchw(const T* __restrict__ x, T* __restrict__ y, FwdArgs<typename Acc<T>::type> f,
+                  typename Acc<T>::type* __restrict__ ws, int64_t N, int64_t C, int64_t HW,
+                  bool relu) {
+  cg::grid_group grid = cg::this_grid();
+  const int splits = f.splits;  // f.ws == ws
+  const int64_t items = C * splits;
+  const int64_t G = gridDim.x;
+  for (int64_t it = blockIdx.x; it < items; it += G)
+    stats_nchw_item<T, V>(x, ws, N, C, HW, it / splits, it % splits, splits);
+  grid.sync();
+  if (int64_t(blockIdx.x) >= items) return;
+  const int64_t last = blockIdx.x + ((items - 1 - blockIdx.x) / G) * G;
+  for (int64_t it = last; it >= 0; it -= G)
+    apply_nchw_item<T, V>(x, y, f, N, C, HW, it / splits, it % splits, splits, relu);
 }
 
 // x, y: [R, C]; block (TX, TY), grid (ceil(C/V/TX), splits). coef [C, 3] from bn_finalize_fwd
@@ -457,17 +516,26 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Whether the channels-last training forward runs as one cooperative kernel: below a size where
-// the tensor stays in L2 between its phases. CUDADOCTOR_OPS_BN_FUSED=0 / 1 forces it off / on
-// (read once).
+// Whether a training forward runs as one cooperative kernel: below a size where the tensor stays
+// in L2 between its phases. CUDADOCTOR_OPS_BN_FUSED (channels_last) and
+// CUDADOCTOR_OPS_BN_FUSED_NCHW (contiguous) = 0 / 1 force it off / on (read once).
+inline int env_switch(const char* name) {
+  const char* e = std::getenv(name);
+  if (e == nullptr || *e == '\0') return -1;
+  return e[0] == '0' ? 0 : 1;
+}
+
 inline int fused_nhwc_setting() {
-  static const int v = [] {
-    const char* e = std::getenv("CUDADOCTOR_OPS_BN_FUSED");
-    if (e == nullptr || *e == '\0') return -1;
-    return e[0] == '0' ? 0 : 1;
-  }();
+  static const int v = env_switch("CUDADOCTOR_OPS_BN_FUSED");
   return v;
 }
+
+inline int fused_nchw_setting() {
+  static const int v = env_switch("CUDADOCTOR_OPS_BN_FUSED_NCHW");
+  return v;
+}
+
+constexpr int64_t kFusedMaxBytes = int64_t(32) << 20;
 
 inline bool cooperative_ok(int device) {
   static int cached[64] = {0};  // 0 unknown, 1 yes, 2 no
@@ -481,6 +549,18 @@ inline bool cooperative_ok(int device) {
   return v != 0;
 }
 
+// cudaLaunchCooperativeKernel; false (error cleared) when the grid cannot be resident at once.
+inline bool launch_cooperative(const void* kernel, dim3 grid, dim3 block, void** args,
+                               size_t smem, cudaStream_t stream) {
+  const cudaError_t err = cudaLaunchCooperativeKernel(kernel, grid, block, args, smem, stream);
+  if (err == cudaErrorCooperativeLaunchTooLarge) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  C10_CUDA_CHECK(err);
+  return true;
+}
+
 // Tries the one-launch channels-last training forward; false when it does not apply (the caller
 // then runs stats -> finalize -> apply).
 template <typename T, int V>
@@ -492,7 +572,7 @@ bool launch_fused_nhwc(const Layout& l, const T* x, T* y, FwdArgs<typename Acc<T
   if (setting == 0) return false;
   const int64_t R = l.N * l.HW;
   const int64_t bytes = R * l.C * int64_t(sizeof(T));
-  if (setting < 0 && bytes > (int64_t(32) << 20)) return false;
+  if (setting < 0 && bytes > kFusedMaxBytes) return false;
   if (!cooperative_ok(device)) return false;
   const size_t smem = size_t(kThreads) * V * 3 * sizeof(A);
   const int per_sm = blocks_per_sm(bn_fused_nhwc<T, V>, smem);
@@ -501,32 +581,55 @@ bool launch_fused_nhwc(const Layout& l, const T* x, T* y, FwdArgs<typename Acc<T
   // every block must be resident at once
   const int64_t resident = int64_t(sm_count(device)) * per_sm;
   if (int64_t(g.grid.x) * g.grid.y > resident) return false;
-  at::Tensor ws = at::empty({l.C * g.splits * 3}, acc_opts);
-  at::Tensor coef = at::empty({l.C, 3}, acc_opts);
+  // partials [C, splits, 3] and coefficients [C, 3] in one allocation
+  at::Tensor ws = at::empty({l.C * (g.splits + 1) * 3}, acc_opts);
   A* wsp = ws.data_ptr<A>();
-  A* cp = coef.data_ptr<A>();
+  A* cp = wsp + l.C * g.splits * 3;
   int64_t C = l.C;
   f.ws = wsp;
   f.splits = g.splits;
   void* args[] = {const_cast<T**>(&x), &y, &f, &wsp, &cp, const_cast<int64_t*>(&R), &C, &relu};
-  const cudaError_t err = cudaLaunchCooperativeKernel(
-      reinterpret_cast<const void*>(bn_fused_nhwc<T, V>), g.grid, g.block, args, smem, stream);
-  if (err == cudaErrorCooperativeLaunchTooLarge) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  C10_CUDA_CHECK(err);
-  return true;
+  return launch_cooperative(reinterpret_cast<const void*>(bn_fused_nhwc<T, V>), g.grid, g.block,
+                            args, smem, stream);
 }
 
-// Launches: NCHW training: stats -> apply (which finishes its channel itself); NCHW eval:
-// apply; NHWC training: stats -> finalize -> apply, or bn_fused_nhwc alone for small tensors;
-// NHWC eval: apply.
+// Tries the one-launch contiguous (NCHW) training forward; false when it does not apply (the
+// caller then runs stats -> apply).
+template <typename T, int V>
+bool launch_fused_nchw(const Layout& l, const T* x, T* y, FwdArgs<typename Acc<T>::type>& f,
+                       const at::TensorOptions& acc_opts, bool relu, int device,
+                       cudaStream_t stream) {
+  using A = typename Acc<T>::type;
+  const int setting = fused_nchw_setting();
+  if (setting == 0) return false;
+  const int64_t bytes = l.N * l.C * l.HW * int64_t(sizeof(T));
+  if (setting < 0 && bytes > kFusedMaxBytes) return false;
+  if (!cooperative_ok(device)) return false;
+  const int per_sm = blocks_per_sm(bn_fused_nchw<T, V>, 0);
+  const int64_t resident = int64_t(sm_count(device)) * per_sm;
+  const int splits = nchw_splits(l.C, l.N * (l.HW / V), device, per_sm);
+  const int64_t items = l.C * splits;
+  const unsigned grid = static_cast<unsigned>(items < resident ? items : resident);
+  at::Tensor ws = at::empty({l.C * splits * 3}, acc_opts);
+  A* wsp = ws.data_ptr<A>();
+  f.ws = wsp;
+  f.splits = splits;
+  int64_t N = l.N, C = l.C, HW = l.HW;
+  void* args[] = {const_cast<T**>(&x), &y, &f, &wsp, &N, &C, &HW, &relu};
+  return launch_cooperative(reinterpret_cast<const void*>(bn_fused_nchw<T, V>), dim3(grid),
+                            dim3(kThreads), args, 0, stream);
+}
+
+// Launches: NCHW training: stats -> apply (which finishes its channel itself), or bn_fused_nchw
+// alone for small tensors; NCHW eval: apply; NHWC training: stats -> finalize -> apply, or
+// bn_fused_nhwc alone for small tensors; NHWC eval: apply. urm / urv (training only, may be
+// undefined): running statistics updated in place where the saved statistics are stored.
 template <typename T, int V>
 void launch_forward(const Layout& l, const at::Tensor& out, bool training, double eps,
                     bool relu, const at::Tensor& rm, const at::Tensor& rv, const at::Tensor& w,
                     const at::Tensor& b, const at::Tensor& save_mean,
-                    const at::Tensor& save_invstd, const at::Tensor& reserve) {
+                    const at::Tensor& save_invstd, const at::Tensor& reserve,
+                    const at::Tensor& urm, const at::Tensor& urv, double momentum) {
   using A = typename Acc<T>::type;
   const int device = l.x.get_device();
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
@@ -542,6 +645,7 @@ void launch_forward(const Layout& l, const at::Tensor& out, bool training, doubl
   f.rmean = param_ptr(rm);
   f.rvar = param_ptr(rv);
   f.rkind = param_kind(rm);
+  f.rvkind = param_kind(rv);
   f.weight = param_ptr(w);
   f.wkind = param_kind(w);
   f.bias = param_ptr(b);
@@ -550,7 +654,16 @@ void launch_forward(const Layout& l, const at::Tensor& out, bool training, doubl
   f.save_invstd = save_invstd.data_ptr<A>();
   f.reserve = reserve.data_ptr<A>();
   f.k_stride = l.nhwc ? 1 : l.HW;
+  const bool update = training && urm.defined() && urv.defined();
+  f.upd_mean = update ? urm.data_ptr() : nullptr;
+  f.upd_var = update ? urv.data_ptr() : nullptr;
+  f.umkind = update ? param_kind(urm) : kAbsent;
+  f.uvkind = update ? param_kind(urv) : kAbsent;
+  f.momentum = static_cast<A>(momentum);
   if (training && l.nhwc && launch_fused_nhwc<T, V>(l, x, y, f, acc_opts, relu, device, stream)) {
+    return;
+  }
+  if (training && !l.nhwc && launch_fused_nchw<T, V>(l, x, y, f, acc_opts, relu, device, stream)) {
     return;
   }
   at::Tensor ws;
@@ -559,7 +672,8 @@ void launch_forward(const Layout& l, const at::Tensor& out, bool training, doubl
     const Plan p = l.nhwc ? plan_launch(bn_stats_nhwc<T, V>, true, l.N, l.C, l.HW, V,
                                         V * 3 * sizeof(A), device, sizeof(T))
                           : plan_launch(bn_stats_nchw<T, V>, false, l.N, l.C, l.HW, V, 0, device);
-    ws = at::empty({l.C * p.splits * 3}, acc_opts);
+    // NHWC: partials [C, splits, 3] and the finalize's coefficients [C, 3] in one allocation
+    ws = at::empty({l.C * (p.splits + (l.nhwc ? 1 : 0)) * 3}, acc_opts);
     f.ws = ws.data_ptr<A>();
     f.splits = p.splits;
     stats_splits = p.splits;
@@ -571,17 +685,16 @@ void launch_forward(const Layout& l, const at::Tensor& out, bool training, doubl
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   if (l.nhwc) {
-    at::Tensor coef;
+    A* coef = nullptr;
     if (training) {
-      coef = at::empty({l.C, 3}, acc_opts);
+      coef = ws.data_ptr<A>() + l.C * f.splits * 3;
       const int warps = 8;
       const unsigned fgrid = static_cast<unsigned>((l.C + warps - 1) / warps);
-      bn_finalize_fwd<T><<<fgrid, warps * 32, 0, stream>>>(x, f, l.C, coef.data_ptr<A>());
+      bn_finalize_fwd<T><<<fgrid, warps * 32, 0, stream>>>(x, f, l.C, coef);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
     const Plan p = plan_launch(bn_apply_nhwc<T, V>, true, l.N, l.C, l.HW, V, 0, device);
-    bn_apply_nhwc<T, V><<<p.grid, p.block, 0, stream>>>(
-        x, y, coef.defined() ? coef.data_ptr<A>() : nullptr, f, R, l.C, relu);
+    bn_apply_nhwc<T, V><<<p.grid, p.block, 0, stream>>>(x, y, coef, f, R, l.C, relu);
   } else {
     Plan p = plan_launch(bn_apply_nchw<T, V>, false, l.N, l.C, l.HW, V, 0, device);
     if (training) p.grid.y = static_cast<unsigned>(stats_splits);  // same slices, reversed
@@ -590,11 +703,15 @@ void launch_forward(const Layout& l, const at::Tensor& out, bool training, doubl
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_cuda(
+// The forward of batch_norm; with update_mean / update_var defined (training only; contiguous
+// [C] tensors of a floating dtype) the running statistics are updated in place by the same
+// launch that stores the saved statistics.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward_impl(
     const at::Tensor& input, const c10::optional<at::Tensor>& weight_opt,
     const c10::optional<at::Tensor>& bias_opt, const c10::optional<at::Tensor>& rm_opt,
     const c10::optional<at::Tensor>& rv_opt, bool training, double eps,
-    c10::string_view activation) {
+    c10::string_view activation, const at::Tensor& update_mean, const at::Tensor& update_var,
+    double momentum) {
   check_input(input, "input");
   const bool relu = parse_relu(activation);
   const int64_t C = input.size(1);
@@ -631,13 +748,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_cuda(
     constexpr int VW = 16 / sizeof(scalar_t);
     if (vec_width<scalar_t>(l, {l.x.data_ptr(), out.data_ptr()}) == VW) {
       launch_forward<scalar_t, VW>(l, out, training, eps, relu, rm, rv, w, b, save_mean,
-                                   save_invstd, reserve);
+                                   save_invstd, reserve, update_mean, update_var, momentum);
     } else {
       launch_forward<scalar_t, 1>(l, out, training, eps, relu, rm, rv, w, b, save_mean,
-                                  save_invstd, reserve);
+                                  save_invstd, reserve, update_mean, update_var, momentum);
     }
   });
   return {out, save_mean, save_invstd, reserve};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_cuda(
+    const at::Tensor& input, const c10::optional<at::Tensor>& weight_opt,
+    const c10::optional<at::Tensor>& bias_opt, const c10::optional<at::Tensor>& rm_opt,
+    const c10::optional<at::Tensor>& rv_opt, bool training, double eps,
+    c10::string_view activation) {
+  return forward_impl(input, weight_opt, bias_opt, rm_opt, rv_opt, training, eps, activation,
+                      at::Tensor(), at::Tensor(), 0.0);
 }
 
 // running = (1 - momentum) * running + momentum * batch; unbiased batch var from save_invstd.
@@ -708,6 +834,18 @@ void batch_norm_update_stats_cuda(const at::Tensor& running_mean, const at::Tens
 }
 
 }  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_train_update_cuda(
+    const at::Tensor& input, const c10::optional<at::Tensor>& weight,
+    const c10::optional<at::Tensor>& bias, const at::Tensor& running_mean,
+    const at::Tensor& running_var, double momentum, double eps, c10::string_view activation) {
+  TORCH_CHECK(running_mean.is_contiguous() && running_var.is_contiguous(),
+              "cudadoctor_ops.batch_norm: running_mean and running_var must be contiguous (they "
+              "are updated in place)");
+  return forward_impl(input, weight, bias, running_mean, running_var, true, eps, activation,
+                      running_mean, running_var, momentum);
+}
+
 }  // namespace bn
 }  // namespace cudadoctor_ops
 

@@ -7,12 +7,19 @@
 //   batch_norm, then batch_norm_update_stats when training with running statistics.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
+
+#include <cmath>
 
 #include <array>
 #include <string>
 #include <tuple>
+
+#include "batch_norm.h"
 
 namespace cudadoctor_ops {
 namespace bn_host {
@@ -63,13 +70,24 @@ update_op() {
   return op;
 }
 
+// update_momentum >= 0 (training with running statistics, eager CUDA tensors only): the forward
+// calls the CUDA implementation directly and it updates the running statistics in the same
+// launch; < 0: the batch_norm op through the dispatcher, running statistics untouched.
 struct BatchNormFn : public torch::autograd::Function<BatchNormFn> {
   static variable_list forward(AutogradContext* ctx, const Tensor& input,
                                const OptTensor& weight, const OptTensor& bias,
                                const OptTensor& running_mean, const OptTensor& running_var,
-                               bool training, double eps, c10::string_view activation) {
+                               bool training, double eps, c10::string_view activation,
+                               double update_momentum) {
     Tensor out, save_mean, save_invstd, reserve;
-    {
+    if (update_momentum >= 0) {
+      // the version bumps first: they refuse an inference tensor outside inference mode before
+      // anything is written
+      torch::autograd::impl::bump_version(*running_mean);
+      torch::autograd::impl::bump_version(*running_var);
+      std::tie(out, save_mean, save_invstd, reserve) = bn::batch_norm_train_update_cuda(
+          input, weight, bias, *running_mean, *running_var, update_momentum, eps, activation);
+    } else {
       at::AutoDispatchBelowADInplaceOrView below;
       std::tie(out, save_mean, save_invstd, reserve) = forward_op().call(
           input, weight, bias, running_mean, running_var, training, eps, activation);
@@ -87,7 +105,7 @@ struct BatchNormFn : public torch::autograd::Function<BatchNormFn> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     // one entry per forward argument (tensors or not); only tensor inputs get gradients
-    variable_list result(8);
+    variable_list result(9);
     const Tensor& grad_out = grads[0];
     if (!grad_out.defined()) return result;
     const bool has_w = ctx->saved_data["has_w"].toBool();
@@ -117,8 +135,33 @@ FwdOut batch_norm_autograd(const Tensor& input, const OptTensor& weight, const O
                            const OptTensor& running_mean, const OptTensor& running_var,
                            bool training, double eps, c10::string_view activation) {
   auto r = BatchNormFn::apply(input, weight, bias, running_mean, running_var, training, eps,
-                              activation);
+                              activation, -1.0);
   return {r[0], r[1], r[2], r[3]};
+}
+
+// A plain CUDA tensor of an eager call: no tensor subclass, functionalization, vmap or dispatch
+// mode is involved (those must see the ops themselves, e.g. under torch.compile or opcheck).
+bool plain_cuda(const Tensor& t) {
+  if (!t.is_cuda()) return false;
+  constexpr c10::DispatchKeySet kWrapped({c10::DispatchKey::Python,
+                                          c10::DispatchKey::PythonTLSSnapshot,
+                                          c10::DispatchKey::Functionalize,
+                                          c10::DispatchKey::FuncTorchBatched,
+                                          c10::DispatchKey::FuncTorchGradWrapper,
+                                          c10::DispatchKey::Conjugate, c10::DispatchKey::Negative});
+  return !t.key_set().has_any(kWrapped);
+}
+
+bool eager_fast_path(const Tensor& input, const OptTensor& weight, const OptTensor& bias,
+                     const OptTensor& running_mean, const OptTensor& running_var) {
+  if (c10::impl::TorchDispatchModeTLS::stack_len() > 0) return false;
+  if (c10::impl::tls_local_dispatch_key_set().included_.has(c10::DispatchKey::Python))
+    return false;
+  if (!plain_cuda(input) || !plain_cuda(*running_mean) || !plain_cuda(*running_var)) return false;
+  if (!running_mean->is_contiguous() || !running_var->is_contiguous()) return false;
+  if (has(weight) && !plain_cuda(*weight)) return false;
+  if (has(bias) && !plain_cuda(*bias)) return false;
+  return input.numel() > 0;
 }
 
 // One forward of F.batch_norm semantics: batch statistics and the in-place running-statistics
@@ -127,9 +170,20 @@ Tensor batch_norm_forward(const Tensor& input, const OptTensor& weight, const Op
                           const OptTensor& running_mean, const OptTensor& running_var,
                           bool training, double momentum, double eps,
                           c10::string_view activation) {
+  TORCH_CHECK_VALUE(std::isfinite(momentum),
+                    "batch_norm: momentum must be a finite float, got ", momentum);
   if (!training) {
     return std::get<0>(
         forward_op().call(input, weight, bias, running_mean, running_var, false, eps, activation));
+  }
+  TORCH_CHECK_VALUE(input.dim() < 2 || input.sym_numel() != input.sym_size(1),
+                    "Expected more than 1 value per channel when training, got input size ",
+                    input.sym_sizes());
+  if (has(running_mean) && has(running_var) &&
+      eager_fast_path(input, weight, bias, running_mean, running_var)) {
+    // eager: one C++ autograd node whose forward updates the running statistics in its launch
+    return BatchNormFn::apply(input, weight, bias, running_mean, running_var, true, eps,
+                              activation, momentum)[0];
   }
   auto r = forward_op().call(input, weight, bias, OptTensor(), OptTensor(), true, eps, activation);
   if (has(running_mean) && has(running_var) && input.numel() > 0) {

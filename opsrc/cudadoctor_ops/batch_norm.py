@@ -147,6 +147,22 @@ def batch_norm(
     (running = (1 - momentum) * running + momentum * batch, unbiased variance); training=False
     uses the running statistics. activation: "none" or "relu".
     """
+    # One call into C++ (csrc/batch_norm_host.cpp): checks, forward, autograd node and the
+    # running-statistics update, which on eager CUDA tensors runs in the forward's own launch
+    # (under torch.compile the composite op traces to batch_norm + batch_norm_update_stats, each
+    # with its fake kernel). The Python checks below run only when that call fails, to turn
+    # whatever failed into the error that names the bad argument; nothing was written then.
+    try:
+        return _BN_FORWARD(
+            input, weight, bias, running_mean, running_var, bool(training), float(momentum), float(eps), activation
+        )
+    except Exception:
+        _check_arguments(input, running_mean, running_var, weight, bias, training, momentum, activation)
+        raise
+
+
+def _check_arguments(input, running_mean, running_var, weight, bias, training, momentum, activation) -> None:
+    """The argument errors of batch_norm with Python's exception types (ValueError, TypeError)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"batch_norm: activation must be one of {ACTIVATIONS}, got {activation!r}")
     if not isinstance(input, Tensor) or input.dim() < 2:
@@ -165,11 +181,6 @@ def batch_norm(
     _check_param(running_var, "running_var", input)
     if training:
         _verify_batch_size(input.shape)
-    # one call into C++: forward, autograd node and running-statistics update (under torch.compile
-    # the composite op traces to batch_norm + batch_norm_update_stats, each with its fake kernel)
-    return _BN_FORWARD(
-        input, weight, bias, running_mean, running_var, bool(training), float(momentum), float(eps), activation
-    )
 
 
 class _FusedBatchNorm:

@@ -13,6 +13,7 @@ import pytest
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 # every test takes the `ops` fixture (tests/ops/conftest.py): the cudadoctor_ops module, or a
 # skip with the reason when there is no CUDA GPU or no build
@@ -449,16 +450,24 @@ _FUSED_CHILD = textwrap.dedent(
     import json, sys
     import torch
     import cudadoctor_ops
+    nhwc = sys.argv[1] == "nhwc"
     out = {}
+    # shapes: odd sizes, a big-plane one (several slices per channel), one value per plane, and
+    # (NCHW) more channels than resident blocks (several channels per block in the one launch);
+    # the bfloat16 case keeps its running statistics in bfloat16
     for shape, dtype in (((8, 16, 9, 11), torch.float16), ((3, 24, 5, 7), torch.float32),
-                         ((64, 256, 14, 14), torch.bfloat16), ((2, 8, 1, 1), torch.float32)):
+                         ((64, 256, 14, 14), torch.bfloat16), ((2, 8, 1, 1), torch.float32),
+                         ((4, 8, 64, 64), torch.float32), ((4, 4096, 3, 3), torch.float16)):
         torch.manual_seed(0)
-        x = (torch.randn(shape, device="cuda") * 3 + 1).to(dtype).contiguous(memory_format=torch.channels_last)
+        x = (torch.randn(shape, device="cuda") * 3 + 1).to(dtype)
+        if nhwc:
+            x = x.contiguous(memory_format=torch.channels_last)
         x.requires_grad_(True)
         c = shape[1]
         w = (torch.rand(c, device="cuda") + 0.5).requires_grad_(True)
         b = torch.randn(c, device="cuda").requires_grad_(True)
-        rm, rv = torch.zeros(c, device="cuda"), torch.ones(c, device="cuda")
+        pdt = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+        rm, rv = torch.zeros(c, device="cuda", dtype=pdt), torch.ones(c, device="cuda", dtype=pdt)
         y = cudadoctor_ops.batch_norm(x, rm, rv, w, b, True, 0.1, 1e-5, activation="relu")
         g = torch.randn_like(y)
         gx, gw, gb = torch.autograd.grad(y, (x, w, b), g)
@@ -469,28 +478,80 @@ _FUSED_CHILD = textwrap.dedent(
         r = torch.autograd.grad(y64, (x64, w64, b64), g.double())
         err = lambda a, e: ((a.double() - e).abs().max() / e.abs().max().clamp_min(1)).item()
         out[str(shape)] = [err(y, y64), err(gx, r[0]), err(gw, r[1]), err(gb, r[2]),
-                           err(rm, rm64), err(rv, rv64), y.is_contiguous(memory_format=torch.channels_last)]
+                           err(rm, rm64), err(rv, rv64),
+                           y.is_contiguous(memory_format=torch.channels_last if nhwc else torch.contiguous_format)]
     print(json.dumps(out))
     """
 )
 
 
+@pytest.mark.parametrize("layout", ["nhwc", "nchw"])
 @pytest.mark.parametrize("fused", ["0", "1"])
-def test_channels_last_training_with_and_without_the_one_launch_kernel(ops, fused):
-    """CUDADOCTOR_OPS_BN_FUSED=1 forces the cooperative one-launch NHWC training forward, 0 the
-    stats -> finalize -> apply kernels; both must match float64 (the switch is read once per
-    process, hence a child)."""
-    env = dict(os.environ, CUDADOCTOR_OPS_BN_FUSED=fused)
-    proc = subprocess.run([sys.executable, "-c", _FUSED_CHILD], env=env, capture_output=True, text=True,
+def test_training_with_and_without_the_one_launch_kernel(ops, layout, fused):
+    """CUDADOCTOR_OPS_BN_FUSED (channels_last) / CUDADOCTOR_OPS_BN_FUSED_NCHW (contiguous) = 1
+    force the cooperative one-launch training forward, 0 the multi-kernel path; both must match
+    float64, running statistics included (the switches are read once per process, hence a
+    child)."""
+    var = "CUDADOCTOR_OPS_BN_FUSED" if layout == "nhwc" else "CUDADOCTOR_OPS_BN_FUSED_NCHW"
+    env = dict(os.environ, **{var: fused})
+    proc = subprocess.run([sys.executable, "-c", _FUSED_CHILD, layout], env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     import json
 
     res = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(res) == 4
-    for shape, (ey, egx, egw, egb, erm, erv, cl) in res.items():
-        low = "16, 9, 11" in shape or "256" in shape  # the half / bfloat16 cases
+    assert len(res) == 6
+    for shape, (ey, egx, egw, egb, erm, erv, kept) in res.items():
+        low = "16, 9, 11" in shape or "256" in shape or "4096" in shape  # the half / bfloat16 cases
         tol = 3e-2 if low else 1e-4
         assert max(ey, egx, erm, erv) <= tol, (shape, ey, egx, erm, erv)
         assert max(egw, egb) <= tol * 10, (shape, egw, egb)
-        assert cl, f"{shape}: output lost channels_last"
+        assert kept, f"{shape}: output lost the input's layout"
+
+
+class _Passthrough(TorchDispatchMode):
+    """Runs every op unchanged; its presence makes batch_norm take the dispatched two-op path."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_eager_update_matches_the_dispatched_path(ops, layout, dtype):
+    """Eager training calls update the running statistics inside the forward's launch; under a
+    dispatch mode (as under torch.compile or opcheck) the ops batch_norm + batch_norm_update_stats
+    run instead. Both give the same output and running statistics, and both bump the running
+    statistics' version counters."""
+    x, w, b, rm, rv = make((8, 16, 9, 9), dtype, layout, pdtype=torch.float32, loc=2.0)
+    rm0, rv0 = rm.clone(), rv.clone()
+    rm2, rv2 = rm.clone(), rv.clone()
+    versions = (rm._version, rv._version)
+    y1 = ops.batch_norm(x, rm, rv, w, b, True, 0.3, 1e-5, activation="relu")
+    assert rm._version > versions[0] and rv._version > versions[1]
+    with _Passthrough():
+        y2 = ops.batch_norm(x, rm2, rv2, w, b, True, 0.3, 1e-5, activation="relu")
+    assert torch.equal(y1, y2)
+    torch.testing.assert_close(rm, rm2, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(rv, rv2, rtol=1e-5, atol=1e-6)
+    _, erm, erv = reference(x, rm0, rv0, w, b, True, 0.3, 1e-5, "relu")
+    close(rm, erm, torch.float32, what="running_mean")
+    close(rv, erv, torch.float32, what="running_var")
+
+
+def test_eval_with_running_stats_of_two_dtypes(ops):
+    """Half input, running_mean in float32 and running_var in float16 (each may be either)."""
+    x, w, b, rm, rv = make((4, 8, 5, 5), torch.float16, "nchw", pdtype=torch.float32)
+    rv16 = rv.half()
+    y = ops.batch_norm(x, rm, rv16, w, b, False, 0.1, 1e-5)
+    ey, _, _ = reference(x, rm, rv16.float(), w, b, False, 0.1, 1e-5, "none")
+    close(y, ey, torch.float16, what="eval output")
+
+
+def test_bad_momentum_writes_nothing(ops):
+    x, w, b, rm, rv = make((4, 8, 5, 5), torch.float32, "nchw")
+    before = (rm.clone(), rv.clone())
+    for bad in (float("nan"), float("inf"), None):
+        with pytest.raises(ValueError, match="momentum must be a finite float"):
+            ops.batch_norm(x, rm, rv, w, b, True, bad, 1e-5)
+    assert torch.equal(rm, before[0]) and torch.equal(rv, before[1])

@@ -1,0 +1,64 @@
+"""Kernels to look at under Nsight Compute, run once each between cudaProfilerStart/Stop.
+
+    ncu --profile-from-start off --section SpeedOfLight ... python scripts/gpu_ncu.py [dw] [bn]
+
+Each case runs ours and torch's version twice before the profiled region (so lazy set-up, cuDNN
+heuristics and caches stay out of it), then once inside it.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import cudadoctor_ops as ops
+
+
+def cases(parts):
+    out = []
+    if "dw" in parts:
+        for n, c, h, w, k, s in [(64, 672, 14, 14, 5, 1), (64, 960, 7, 7, 3, 1), (64, 144, 56, 56, 3, 1)]:
+            x = torch.randn(n, c, h, w, device="cuda", dtype=torch.float16).contiguous(
+                memory_format=torch.channels_last)
+            wt = torch.randn(c, 1, k, k, device="cuda", dtype=torch.float16)
+            p = k // 2
+            out.append((f"dw {(n, c, h, w)} k{k} s{s} fp16 nhwc ours",
+                        lambda x=x, wt=wt, s=s, p=p: ops.depthwise_conv2d(x, wt, None, s, p)))
+            out.append((f"dw {(n, c, h, w)} k{k} s{s} fp16 nhwc torch",
+                        lambda x=x, wt=wt, s=s, p=p, c=c: F.conv2d(x, wt, None, s, p, 1, c)))
+    if "bn" in parts:
+        for shape, dt, cl in [((64, 512, 7, 7), torch.float16, True), ((32, 256, 28, 28), torch.float32, False),
+                              ((64, 2048, 7, 7), torch.float32, False)]:
+            x = torch.randn(shape, device="cuda", dtype=dt)
+            if cl:
+                x = x.contiguous(memory_format=torch.channels_last)
+            c = shape[1]
+            w, b = torch.rand(c, device="cuda") + 0.5, torch.randn(c, device="cuda")
+            rm, rv = torch.zeros(c, device="cuda"), torch.ones(c, device="cuda")
+            tag = f"bn {shape} {dt} {'nhwc' if cl else 'nchw'} train fwd"
+            out.append((tag + " ours", lambda x=x, rm=rm, rv=rv, w=w, b=b: ops.batch_norm(x, rm, rv, w, b, True)))
+            out.append((tag + " torch", lambda x=x, rm=rm, rv=rv, w=w, b=b: F.batch_norm(x, rm, rv, w, b, True)))
+    return out
+
+
+def main() -> None:
+    torch.backends.cudnn.benchmark = True
+    todo = cases(sys.argv[1:] or ["dw", "bn"])
+    for _, fn in todo:
+        fn()
+        fn()
+    torch.cuda.synchronize()
+    for name, fn in todo:
+        print(f"### {name}", flush=True)
+        torch.cuda.nvtx.range_push(name)
+        torch.cuda.profiler.start()
+        fn()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+        torch.cuda.nvtx.range_pop()
+
+
+if __name__ == "__main__":
+    main()
