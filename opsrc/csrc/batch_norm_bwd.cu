@@ -6,12 +6,18 @@
 // bn_bwd_apply_*  : grad_input = A * g + B * c + D, with the ReLU mask y = c * A + E > 0.
 // Summing c as well makes the result exact even though save_mean was rounded: the centred sum
 // is sum(g * c) - mean(c) * sum(g).
+// bn_bwd_fused_*  : the same three steps in ONE cooperative launch (grid barriers between them)
+//                   for tensors small enough that x and grad_out stay in L2 in between.
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
+#include <cooperative_groups.h>
+
 #include "batch_norm_common.cuh"
+
+namespace cg = cooperative_groups;
 
 namespace cudadoctor_ops {
 namespace bn {
@@ -47,23 +53,21 @@ __device__ __forceinline__ A masked(A g, A c, A a, A e, bool relu) {
   return (relu && !(c * a + e > A(0))) ? A(0) : g;
 }
 
-// x, dy: [N, C, HW]; grid (C, splits), block kThreads. ws: [C, splits, 3] = (sum g, sum g*c,
-// sum c).
-template <typename T, int V>
-__global__ void __launch_bounds__(kThreads, 2)
-    bn_bwd_reduce_nchw(const T* __restrict__ x, const T* __restrict__ dy,
-                       typename Acc<T>::type* __restrict__ ws, int64_t N, int64_t C, int64_t HW,
-                       const typename Acc<T>::type* save_mean,
-                       const typename Acc<T>::type* save_invstd,
-                       const typename Acc<T>::type* reserve, const void* weight, int wkind,
-                       const void* bias, int bkind, bool relu) {
+// x, dy: [N, C, HW]. The block reduces slice `split` of `splits` of channel c into ws:
+// [C, splits, 3] = (sum g, sum g*c, sum c). kLoop: the caller loops over items with the same
+// shared memory, so the item ends with a block barrier (a one-item kernel leaves it out).
+template <typename T, int V, bool kLoop>
+__device__ __forceinline__ void bwd_reduce_nchw_item(
+    const T* __restrict__ x, const T* __restrict__ dy, typename Acc<T>::type* __restrict__ ws,
+    int64_t N, int64_t C, int64_t HW, int64_t c, int64_t split, int splits,
+    const typename Acc<T>::type* save_mean, const typename Acc<T>::type* save_invstd,
+    const typename Acc<T>::type* reserve, const void* weight, int wkind, const void* bias,
+    int bkind, bool relu) {
   using A = typename Acc<T>::type;
   constexpr int U = BwdUnroll<V>::value;
-  const int64_t c = blockIdx.x;
-  const int splits = gridDim.y;
   const int64_t packs = N * (HW / V);
   const int64_t chunk = (packs + splits - 1) / splits;
-  const int64_t begin = blockIdx.y * chunk;
+  const int64_t begin = split * chunk;
   const int64_t end = begin + chunk < packs ? begin + chunk : packs;
   const int64_t stride = blockDim.x;
   const ChannelPre<A> pre =
@@ -114,27 +118,41 @@ __global__ void __launch_bounds__(kThreads, 2)
     sgc = warp_sum(lane < nw ? sm[1][lane] : A(0));
     sc = warp_sum(lane < nw ? sm[2][lane] : A(0));
     if (lane == 0) {
-      A* o = ws + (c * splits + blockIdx.y) * 3;
+      A* o = ws + (c * splits + split) * 3;
       o[0] = sg;
       o[1] = sgc;
       o[2] = sc;
     }
   }
+  if (kLoop) __syncthreads();  // sm is rewritten by the next item
 }
 
-// x, dy: [R, C]; block (TX, TY), grid (ceil(C/V/TX), splits); dynamic smem TY*TX*V*3 sums.
+// grid (C, splits), block kThreads: one item per block.
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads, 2)
-    bn_bwd_reduce_nhwc(const T* __restrict__ x, const T* __restrict__ dy,
-                       typename Acc<T>::type* __restrict__ ws, int64_t R, int64_t C,
+    bn_bwd_reduce_nchw(const T* __restrict__ x, const T* __restrict__ dy,
+                       typename Acc<T>::type* __restrict__ ws, int64_t N, int64_t C, int64_t HW,
                        const typename Acc<T>::type* save_mean,
                        const typename Acc<T>::type* save_invstd,
                        const typename Acc<T>::type* reserve, const void* weight, int wkind,
                        const void* bias, int bkind, bool relu) {
+  bwd_reduce_nchw_item<T, V, false>(x, dy, ws, N, C, HW, blockIdx.x, blockIdx.y, gridDim.y,
+                                    save_mean, save_invstd, reserve, weight, wkind, bias, bkind,
+                                    relu);
+}
+
+// x, dy: [R, C]; block (TX, TY), grid (ceil(C/V/TX), splits). The block reduces its channels
+// over the rows blockIdx.y * TY + threadIdx.y + k * splits * TY into ws [C, splits, 3].
+// sm: TY * TX * V * 3 accumulators (dynamic shared memory).
+template <typename T, int V>
+__device__ __forceinline__ void bwd_reduce_nhwc_block(
+    const T* __restrict__ x, const T* __restrict__ dy, typename Acc<T>::type* __restrict__ ws,
+    int64_t R, int64_t C, const typename Acc<T>::type* save_mean,
+    const typename Acc<T>::type* save_invstd, const typename Acc<T>::type* reserve,
+    const void* weight, int wkind, const void* bias, int bkind, bool relu,
+    typename Acc<T>::type* sm) {
   using A = typename Acc<T>::type;
   constexpr int U = BwdUnroll<V>::value;
-  extern __shared__ unsigned char smem_raw[];
-  A* sm = reinterpret_cast<A*>(smem_raw);
   const int64_t Cv = C / V;
   const int64_t cv = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const bool active = cv < Cv;
@@ -214,6 +232,21 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
+// dynamic smem TY*TX*V*3 sums.
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads, 2)
+    bn_bwd_reduce_nhwc(const T* __restrict__ x, const T* __restrict__ dy,
+                       typename Acc<T>::type* __restrict__ ws, int64_t R, int64_t C,
+                       const typename Acc<T>::type* save_mean,
+                       const typename Acc<T>::type* save_invstd,
+                       const typename Acc<T>::type* reserve, const void* weight, int wkind,
+                       const void* bias, int bkind, bool relu) {
+  extern __shared__ unsigned char smem_raw[];
+  bwd_reduce_nhwc_block<T, V>(x, dy, ws, R, C, save_mean, save_invstd, reserve, weight, wkind,
+                              bias, bkind, relu,
+                              reinterpret_cast<typename Acc<T>::type*>(smem_raw));
+}
+
 // What it takes to finish a channel of the backward: the partial sums ws [C, splits, 3] (null
 // with splits == 0 when no reduction was needed: eval without parameter grads), the saved
 // statistics, the affine parameters and where the parameter grads go (null: not wanted).
@@ -236,14 +269,15 @@ struct BwdArgs {
   int gbkind;
 };
 
-// Lane 0 of the calling warp gets channel c's (sum g, sum g*c, sum c).
+// Lane 0 of the calling warp gets channel c's (sum g, sum g*c, sum c); `lane` is the caller's
+// lane (from the linear thread index in 2-D blocks).
 template <typename A>
-__device__ __forceinline__ void warp_sum_partials(const BwdArgs<A>& f, int64_t c, A& sg, A& sgc,
-                                                  A& sc) {
+__device__ __forceinline__ void warp_sum_partials(const BwdArgs<A>& f, int64_t c, int lane, A& sg,
+                                                  A& sgc, A& sc) {
   sg = 0;
   sgc = 0;
   sc = 0;
-  for (int s = threadIdx.x & 31; s < f.splits; s += 32) {
+  for (int s = lane; s < f.splits; s += 32) {
     const A* p = f.ws + (c * f.splits + s) * 3;
     sg += p[0];
     sgc += p[1];
@@ -288,66 +322,80 @@ __global__ void bn_bwd_finalize(BwdArgs<A> f, int64_t C, A* __restrict__ coef) {
   const int64_t c = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (c >= C) return;
   A sg, sgc, sc;
-  warp_sum_partials(f, c, sg, sgc, sc);
+  warp_sum_partials(f, c, int(threadIdx.x & 31), sg, sgc, sc);
   if ((threadIdx.x & 31) != 0) return;
   finish_bwd_channel(f, c, sg, sgc, sc, true, coef + c * 5);
 }
 
-// x, dy, dx: [N, C, HW]; grid (C, splits of the apply). Warp 0 finishes the channel from the
-// f.splits partials; block y == 0 stores the parameter grads. need_x: false only for eval
-// without ReLU.
+// x, dy, dx: [N, C, HW]. The block applies slice `split` of `splits` of channel c. Warp 0
+// finishes the channel first from the f.splits partials; split 0 stores the parameter grads.
+// need_x: false only for eval without ReLU. kLoop: as bwd_reduce_nchw_item (the barrier costs
+// the one-item kernel registers).
+template <typename T, int V, bool kLoop>
+__device__ __forceinline__ void bwd_apply_nchw_item(const T* __restrict__ x,
+                                                    const T* __restrict__ dy,
+                                                    T* __restrict__ dx,
+                                                    const BwdArgs<typename Acc<T>::type>& f,
+                                                    int64_t N, int64_t C, int64_t HW, int64_t c,
+                                                    int64_t split, int splits, bool relu,
+                                                    bool need_x) {
+  using A = typename Acc<T>::type;
+  constexpr int U = BwdUnroll<V>::value;
+  __shared__ A sh[5];
+  if (threadIdx.x < 32) {
+    A sg, sgc, sc;
+    warp_sum_partials(f, c, int(threadIdx.x), sg, sgc, sc);
+    if (threadIdx.x == 0) finish_bwd_channel(f, c, sg, sgc, sc, split == 0, sh);
+  }
+  __syncthreads();
+  const A mean = sh[0], a = sh[1], B = sh[2], D = sh[3], e = sh[4];
+  const int64_t packs = N * (HW / V);
+  const int64_t chunk = (packs + splits - 1) / splits;
+  const int64_t begin = split * chunk;
+  const int64_t end = begin + chunk < packs ? begin + chunk : packs;
+  const int64_t stride = blockDim.x;
+  // backwards through the slice: the reduce pass read its end last
+  int64_t j = end - 1 - threadIdx.x;
+  if (j >= begin) {
+    NchwWalk w(j, stride, c, C, HW, V);
+    for (; j >= begin; j -= U * stride) {
+      Pack<T, V> px[U], pg[U];
+      int64_t off[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        off[u] = w.off;
+        if (j - u * stride >= begin) {
+          if (need_x) px[u] = *reinterpret_cast<const Pack<T, V>*>(x + w.off);
+          pg[u] = *reinterpret_cast<const Pack<T, V>*>(dy + w.off);
+        }
+        w.retreat();
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (j - u * stride >= begin) {
+          Pack<T, V> o;
+#pragma unroll
+          for (int i = 0; i < V; ++i) {
+            const A cx = need_x ? static_cast<A>(px[u].v[i]) - mean : A(0);
+            const A g = masked(static_cast<A>(pg[u].v[i]), cx, a, e, relu);
+            o.v[i] = static_cast<T>(a * g + B * cx + D);
+          }
+          *reinterpret_cast<Pack<T, V>*>(dx + off[u]) = o;
+        }
+      }
+    }
+  }
+  if (kLoop) __syncthreads();  // sh is rewritten by the next item
+}
+
+// grid (C, splits of the apply), block kThreads; the last channels first (still in L2).
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads, 2)
     bn_bwd_apply_nchw(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
                       BwdArgs<typename Acc<T>::type> f, int64_t N, int64_t C, int64_t HW,
                       bool relu, bool need_x) {
-  using A = typename Acc<T>::type;
-  constexpr int U = BwdUnroll<V>::value;
-  const int64_t c = int64_t(gridDim.x) - 1 - blockIdx.x;  // last channels first (still in L2)
-  __shared__ A sh[5];
-  if (threadIdx.x < 32) {
-    A sg, sgc, sc;
-    warp_sum_partials(f, c, sg, sgc, sc);
-    if (threadIdx.x == 0) finish_bwd_channel(f, c, sg, sgc, sc, blockIdx.y == 0, sh);
-  }
-  __syncthreads();
-  const A mean = sh[0], a = sh[1], B = sh[2], D = sh[3], e = sh[4];
-  const int splits = gridDim.y;
-  const int64_t packs = N * (HW / V);
-  const int64_t chunk = (packs + splits - 1) / splits;
-  const int64_t begin = blockIdx.y * chunk;
-  const int64_t end = begin + chunk < packs ? begin + chunk : packs;
-  const int64_t stride = blockDim.x;
-  // backwards through the slice: the reduce pass read its end last
-  int64_t j = end - 1 - threadIdx.x;
-  if (j < begin) return;
-  NchwWalk w(j, stride, c, C, HW, V);
-  for (; j >= begin; j -= U * stride) {
-    Pack<T, V> px[U], pg[U];
-    int64_t off[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      off[u] = w.off;
-      if (j - u * stride >= begin) {
-        if (need_x) px[u] = *reinterpret_cast<const Pack<T, V>*>(x + w.off);
-        pg[u] = *reinterpret_cast<const Pack<T, V>*>(dy + w.off);
-      }
-      w.retreat();
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (j - u * stride >= begin) {
-        Pack<T, V> o;
-#pragma unroll
-        for (int i = 0; i < V; ++i) {
-          const A cx = need_x ? static_cast<A>(px[u].v[i]) - mean : A(0);
-          const A g = masked(static_cast<A>(pg[u].v[i]), cx, a, e, relu);
-          o.v[i] = static_cast<T>(a * g + B * cx + D);
-        }
-        *reinterpret_cast<Pack<T, V>*>(dx + off[u]) = o;
-      }
-    }
-  }
+  bwd_apply_nchw_item<T, V, false>(x, dy, dx, f, N, C, HW, int64_t(gridDim.x) - 1 - blockIdx.x,
+                                   blockIdx.y, gridDim.y, relu, need_x);
 }
 
 // x, dy, dx: [R, C]; block/grid like bn_bwd_reduce_nhwc.
@@ -398,6 +446,218 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
+// Blocks per SM the one-launch kernels are compiled for (the register cap of __launch_bounds__):
+// the most at which ptxas (sm_90) keeps them free of spills. More resident blocks make a larger
+// cooperative grid, so more loads in flight.
+template <typename T, int V>
+struct FusedNchwMinBlocks {
+  static constexpr int value = sizeof(T) == 8 ? 2 : (V == 1 ? 4 : 3);
+};
+template <typename T, int V>
+struct FusedNhwcMinBlocks {
+  static constexpr int value = (sizeof(T) < 8 && V == 1) ? 4 : 2;
+};
+
+// Contiguous (NCHW) backward of a small tensor in ONE cooperative launch (every block resident):
+// the items (channel, slice) are dealt to the blocks round-robin; reduce partials of every item
+// -> grid barrier -> each block finishes and applies its items in reverse order (most recently
+// read first, still in L2). f.ws == ws with f.splits slices per channel. Saves the apply launch
+// and its gap.
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads, FusedNchwMinBlocks<T, V>::value)
+    bn_bwd_fused_nchw(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
+                      BwdArgs<typename Acc<T>::type> f, typename Acc<T>::type* ws, int64_t N,
+                      int64_t C, int64_t HW, bool relu, bool need_x) {
+  cg::grid_group grid = cg::this_grid();
+  const int splits = f.splits;
+  const int64_t items = C * splits;
+  const int64_t G = gridDim.x;
+  for (int64_t it = blockIdx.x; it < items; it += G)
+    bwd_reduce_nchw_item<T, V, true>(x, dy, ws, N, C, HW, it / splits, it % splits, splits,
+                                     f.save_mean, f.save_invstd, f.reserve, f.weight, f.wkind,
+                                     f.bias, f.bkind, relu);
+  grid.sync();
+  if (int64_t(blockIdx.x) >= items) return;
+  const int64_t last = blockIdx.x + ((items - 1 - blockIdx.x) / G) * G;
+  for (int64_t it = last; it >= 0; it -= G)
+    bwd_apply_nchw_item<T, V, true>(x, dy, dx, f, N, C, HW, it / splits, it % splits, splits,
+                                    relu, need_x);
+}
+
+// Channels-last backward of a small tensor in ONE cooperative launch (every block resident):
+// reduce partials as bn_bwd_reduce_nhwc -> grid barrier -> every warp of the grid finishes
+// channels (parameter grads, coef [C, 5]) -> grid barrier -> each block applies grad_input to
+// the rows it reduced, last rows first (still in L2). Same grid, block and shared memory as
+// bn_bwd_reduce_nhwc; f.ws == ws with f.splits == gridDim.y. Saves the finalize and apply
+// launches and their gaps.
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads, FusedNhwcMinBlocks<T, V>::value)
+    bn_bwd_fused_nhwc(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
+                      BwdArgs<typename Acc<T>::type> f, typename Acc<T>::type* ws,
+                      typename Acc<T>::type* coef, int64_t R, int64_t C, bool relu,
+                      bool need_x) {
+  using A = typename Acc<T>::type;
+  constexpr int U = BwdUnroll<V>::value;
+  extern __shared__ unsigned char smem_raw[];
+  cg::grid_group grid = cg::this_grid();
+  bwd_reduce_nhwc_block<T, V>(x, dy, ws, R, C, f.save_mean, f.save_invstd, f.reserve, f.weight,
+                              f.wkind, f.bias, f.bkind, relu, reinterpret_cast<A*>(smem_raw));
+  grid.sync();
+  {
+    // channel finishing: one warp per channel over the whole grid (blocks are 2-D, so the lane
+    // is taken from the linear thread index, not threadIdx.x)
+    const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+    const int lane = tid & 31;
+    const int warps_per_block = (blockDim.x * blockDim.y) >> 5;
+    const int64_t block = int64_t(blockIdx.y) * gridDim.x + blockIdx.x;
+    const int64_t nwarps = int64_t(gridDim.x) * gridDim.y * warps_per_block;
+    for (int64_t c = block * warps_per_block + (tid >> 5); c < C; c += nwarps) {
+      A sg, sgc, sc;
+      warp_sum_partials(f, c, lane, sg, sgc, sc);
+      if (lane == 0) finish_bwd_channel(f, c, sg, sgc, sc, true, coef + c * 5);
+    }
+  }
+  grid.sync();
+  const int64_t Cv = C / V;
+  const int64_t cv = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (cv >= Cv) return;
+  A mean[V], a[V], B[V], D[V], e[V];
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    const A* q = coef + (cv * V + i) * 5;
+    mean[i] = q[0];
+    a[i] = q[1];
+    B[i] = q[2];
+    D[i] = q[3];
+    e[i] = q[4];
+  }
+  // the rows this thread reduced, last ones first (most recently read)
+  const int64_t rstride = int64_t(gridDim.y) * blockDim.y;
+  const int64_t r0 = int64_t(blockIdx.y) * blockDim.y + threadIdx.y;
+  if (r0 >= R) return;
+  const int64_t last = r0 + ((R - 1 - r0) / rstride) * rstride;
+  for (int64_t r = last; r >= r0; r -= U * rstride) {
+    Pack<T, V> px[U], pg[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (r - u * rstride >= r0) {
+        const int64_t off = (r - u * rstride) * C + cv * V;
+        if (need_x) px[u] = *reinterpret_cast<const Pack<T, V>*>(x + off);
+        pg[u] = *reinterpret_cast<const Pack<T, V>*>(dy + off);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (r - u * rstride >= r0) {
+        Pack<T, V> o;
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          const A cx = need_x ? static_cast<A>(px[u].v[i]) - mean[i] : A(0);
+          const A g = masked(static_cast<A>(pg[u].v[i]), cx, a[i], e[i], relu);
+          o.v[i] = static_cast<T>(a[i] * g + B[i] * cx + D[i]);
+        }
+        *reinterpret_cast<Pack<T, V>*>(dx + (r - u * rstride) * C + cv * V) = o;
+      }
+    }
+  }
+}
+
+// Whether a backward with a reduction and grad_input runs as one cooperative kernel: up to
+// kFusedBwdMaxBytes of input (x and grad_out both stay in L2 between the phases) and only when
+// the whole grid is resident. CUDADOCTOR_OPS_BN_FUSED_BWD = 0 / 1 forces it off / on (on: at
+// any size that can be resident); read once.
+constexpr int64_t kFusedBwdMaxBytes = int64_t(16) << 20;
+
+inline int fused_bwd_setting() {
+  static const int v = [] {
+    const char* e = std::getenv("CUDADOCTOR_OPS_BN_FUSED_BWD");
+    if (e == nullptr || *e == '\0') return -1;
+    return e[0] == '0' ? 0 : 1;
+  }();
+  return v;
+}
+
+inline bool bwd_cooperative_ok(int device) {
+  static int cached[64] = {0};  // 0 unknown, 1 yes, 2 no
+  if (device >= 0 && device < 64 && cached[device] != 0) return cached[device] == 1;
+  int v = 0;
+  if (cudaDeviceGetAttribute(&v, cudaDevAttrCooperativeLaunch, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    v = 0;
+  }
+  if (device >= 0 && device < 64) cached[device] = v ? 1 : 2;
+  return v != 0;
+}
+
+// cudaLaunchCooperativeKernel; false (error cleared) when the grid cannot be resident at once.
+inline bool bwd_launch_cooperative(const void* kernel, dim3 grid, dim3 block, void** args,
+                                   size_t smem, cudaStream_t stream) {
+  const cudaError_t err = cudaLaunchCooperativeKernel(kernel, grid, block, args, smem, stream);
+  if (err == cudaErrorCooperativeLaunchTooLarge) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  C10_CUDA_CHECK(err);
+  return true;
+}
+
+// Tries the one-launch backward (reduction and grad_input wanted); false when it does not apply
+// (the caller then runs the multi-kernel path). f: everything but the partials (f.ws, f.splits),
+// which this sets.
+template <typename T, int V>
+bool launch_fused_backward(const Layout& l, const T* x, const T* g, T* dx,
+                           BwdArgs<typename Acc<T>::type> f, const at::TensorOptions& acc_opts,
+                           bool relu, bool need_x, int device, cudaStream_t stream) {
+  using A = typename Acc<T>::type;
+  const int setting = fused_bwd_setting();
+  if (setting == 0) return false;
+  const int64_t bytes = l.N * l.C * l.HW * int64_t(sizeof(T));
+  if (setting < 0 && bytes > kFusedBwdMaxBytes) return false;
+  if (!bwd_cooperative_ok(device)) return false;
+  const T* xa = x;
+  const T* ga = g;
+  T* dxa = dx;
+  int64_t C = l.C;
+  if (l.nhwc) {
+    const size_t smem = size_t(kThreads) * V * 3 * sizeof(A);
+    const int per_sm = blocks_per_sm(bn_bwd_fused_nhwc<T, V>, smem);
+    // as bn_bwd_reduce_nhwc's plan: x and grad_out are read, twice the bytes per row
+    const int ty = static_cast<int>(nhwc_block(l.C / V).y);
+    const NhwcGrid gr = nhwc_grid(l.C / V, l.N * l.HW, device, per_sm,
+                                  nhwc_reduce_rows(2 * int(sizeof(T)), ty));
+    const int64_t resident = int64_t(sm_count(device)) * per_sm;
+    if (int64_t(gr.grid.x) * gr.grid.y > resident) return false;
+    // partials [C, splits, 3] and coefficients [C, 5] in one allocation
+    at::Tensor ws = at::empty({l.C * (int64_t(gr.splits) * 3 + 5)}, acc_opts);
+    A* wsp = ws.data_ptr<A>();
+    A* cp = wsp + l.C * int64_t(gr.splits) * 3;
+    f.ws = wsp;
+    f.splits = gr.splits;
+    int64_t R = l.N * l.HW;
+    void* args[] = {&xa, &ga, &dxa, &f, &wsp, &cp, &R, &C, &relu, &need_x};
+    return bwd_launch_cooperative(reinterpret_cast<const void*>(bn_bwd_fused_nhwc<T, V>),
+                                  gr.grid, gr.block, args, smem, stream);
+  }
+  const int per_sm = blocks_per_sm(bn_bwd_fused_nchw<T, V>, 0);
+  const int64_t resident = int64_t(sm_count(device)) * per_sm;
+  const int splits = nchw_splits(l.C, l.N * (l.HW / V), device, per_sm);
+  const int64_t items = l.C * splits;
+  const int64_t blocks = items < resident ? items : resident;
+  at::Tensor ws = at::empty({l.C * splits * 3}, acc_opts);
+  A* wsp = ws.data_ptr<A>();
+  f.ws = wsp;
+  f.splits = splits;
+  int64_t N = l.N, HW = l.HW;
+  void* args[] = {&xa, &ga, &dxa, &f, &wsp, &N, &C, &HW, &relu, &need_x};
+  return bwd_launch_cooperative(reinterpret_cast<const void*>(bn_bwd_fused_nchw<T, V>),
+                                dim3(static_cast<unsigned>(blocks)), dim3(kThreads), args, 0,
+                                stream);
+}
+
+// Launches: with a reduction and grad_input, bn_bwd_fused_* alone for small tensors (see
+// launch_fused_backward); else NCHW: reduce (if needed) -> apply (which finishes its channel
+// itself), and without grad_input reduce -> finalize; NHWC: reduce (if needed) -> finalize ->
+// apply (if grad_input is wanted).
 template <typename T, int V>
 void launch_backward(const Layout& l, const at::Tensor& dy, const at::Tensor& dx,
                      const at::Tensor& w, const at::Tensor& b, const at::Tensor& save_mean,
@@ -413,6 +673,28 @@ void launch_backward(const Layout& l, const at::Tensor& dy, const at::Tensor& dx
   const A* si = save_invstd.data_ptr<A>();
   const A* rs = reserve.data_ptr<A>();
   const int64_t R = l.N * l.HW;
+  BwdArgs<A> f;
+  f.ws = nullptr;  // the partials, set once reduced
+  f.splits = 0;
+  f.count = R;
+  f.training = training;
+  f.save_mean = sm;
+  f.save_invstd = si;
+  f.reserve = rs;
+  f.weight = param_ptr(w);
+  f.wkind = param_kind(w);
+  f.bias = param_ptr(b);
+  f.bkind = param_kind(b);
+  f.grad_weight = gw.defined() ? gw.data_ptr() : nullptr;
+  f.gwkind = param_kind(gw);
+  f.grad_bias = gb.defined() ? gb.data_ptr() : nullptr;
+  f.gbkind = param_kind(gb);
+  const bool need_x = training || relu;
+  if (need_reduce && dx.defined() &&
+      launch_fused_backward<T, V>(l, x, g, dx.data_ptr<T>(), f, acc_opts, relu, need_x, device,
+                                  stream)) {
+    return;
+  }
   int splits = 0;
   at::Tensor ws;
   if (need_reduce) {
@@ -434,23 +716,8 @@ void launch_backward(const Layout& l, const at::Tensor& dy, const at::Tensor& dx
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  BwdArgs<A> f;
   f.ws = need_reduce ? ws.data_ptr<A>() : nullptr;
   f.splits = need_reduce ? splits : 0;
-  f.count = R;
-  f.training = training;
-  f.save_mean = sm;
-  f.save_invstd = si;
-  f.reserve = rs;
-  f.weight = param_ptr(w);
-  f.wkind = param_kind(w);
-  f.bias = param_ptr(b);
-  f.bkind = param_kind(b);
-  f.grad_weight = gw.defined() ? gw.data_ptr() : nullptr;
-  f.gwkind = param_kind(gw);
-  f.grad_bias = gb.defined() ? gb.data_ptr() : nullptr;
-  f.gbkind = param_kind(gb);
-  const bool need_x = training || relu;
   if (!l.nhwc && dx.defined()) {
     // the apply blocks finish their channel themselves
     Plan p = plan_launch(bn_bwd_apply_nchw<T, V>, false, l.N, l.C, l.HW, V, 0, device);

@@ -1,0 +1,265 @@
+"""The one-launch (cooperative) BatchNorm backward against float64 torch (GPU only).
+
+CUDADOCTOR_OPS_BN_FUSED_BWD=1 forces bn_bwd_fused_{nchw,nhwc} whenever a backward has a reduction
+and grad_input is wanted (and the grid can be resident), 0 the multi-kernel path (reduce ->
+[finalize ->] apply); unset, the one-launch kernel runs up to 16 MiB of input. The switch is read
+once per process, so every setting runs in a child process that loops over the cases and prints
+JSON: one child per (switch, layout), and one with the switch unset that checks which kernels the
+size limit picks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+
+import torch
+
+# every test takes the `ops` fixture (tests/ops/conftest.py): the cudadoctor_ops module, or a
+# skip with the reason when there is no CUDA GPU or no build
+pytestmark = pytest.mark.gpu
+
+_COMMON = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    import torch.nn.functional as F
+    import cudadoctor_ops
+
+    OPS = torch.ops.cudadoctor_ops
+    EPS = 1e-5
+
+
+    def fmt_of(layout, shape):
+        if layout == "channels_last" and len(shape) == 4:
+            return torch.channels_last
+        return torch.contiguous_format
+
+
+    def kernels(fn):
+        # names of the BatchNorm backward kernels that fn launches; None when profiling fails
+        try:
+            from torch.profiler import ProfilerActivity, profile
+
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                fn()
+                torch.cuda.synchronize()
+            names = set()
+            for e in prof.events():
+                for key in ("bn_bwd_fused_nchw", "bn_bwd_fused_nhwc", "bn_bwd_reduce_nchw",
+                            "bn_bwd_reduce_nhwc", "bn_bwd_apply_nchw", "bn_bwd_apply_nhwc",
+                            "bn_bwd_finalize"):
+                    if key in e.name:
+                        names.add(key)
+            return sorted(names)
+        except Exception as exc:  # noqa: BLE001 - reported to the parent
+            return "profiler failed: " + repr(exc)
+
+
+    def backward_kernels(shape, dtype, layout, training, mask):
+        # the kernels one batch_norm_backward call launches
+        fmt = fmt_of(layout, shape)
+        x = torch.randn(shape, device="cuda").to(dtype).contiguous(memory_format=fmt)
+        c = shape[1]
+        w = torch.rand(c, device="cuda") + 0.5
+        b = torch.randn(c, device="cuda")
+        rm, rv = torch.zeros(c, device="cuda"), torch.ones(c, device="cuda")
+        _, sm, si, rs = OPS.batch_norm(x, w, b, rm, rv, training, EPS, "relu")
+        gy = torch.randn_like(x)
+        return kernels(lambda: OPS.batch_norm_backward(gy, x, w, b, sm, si, rs, training, "relu",
+                                                       list(mask)))
+    """
+)
+
+_CHILD = _COMMON + textwrap.dedent(
+    """
+    layout = sys.argv[1]  # "nchw" or "channels_last"
+    DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+    # odd sizes (scalar V=1 paths: H*W = 35 contiguous, C = 13 channels-last), one value per plane
+    # (2 per channel), a big plane (several slices per channel), more channels than resident
+    # blocks (several items per block), and ResNet-50's 14x14 BatchNorm at batch 64
+    SHAPES = [(3, 24, 5, 7), (4, 13, 6, 6), (2, 8, 1, 1), (4, 8, 64, 64), (4, 4096, 3, 3),
+              (64, 256, 14, 14)]
+    MASKS = [(True, True, True), (True, False, False), (True, True, False), (True, False, True),
+             (False, True, True), (False, True, False), (False, False, True)]
+
+
+    def err(actual, expected, scale=1.0):
+        # max abs error relative to the largest expected value (at least `scale`)
+        return ((actual.double() - expected).abs().max() / expected.abs().max().clamp_min(scale)).item()
+
+
+    records = []
+    seed = 0
+    for shape in SHAPES:
+        fmt = fmt_of(layout, shape)
+        c = shape[1]
+        for dname, dtype in DTYPES.items():
+            seed += 1
+            gen = torch.Generator().manual_seed(seed)
+            x = (torch.randn(shape, generator=gen, dtype=torch.float64) * 2 + 0.5).to(dtype)
+            x = x.cuda().contiguous(memory_format=fmt)
+            gy0 = torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)
+            gy0 = gy0.cuda().contiguous(memory_format=fmt)
+            # half input with float32 parameters, bfloat16 input with bfloat16 parameters
+            pdt = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+            w = (torch.rand(c, generator=gen, dtype=torch.float64) + 0.5).to(pdt).cuda()
+            b = (torch.randn(c, generator=gen, dtype=torch.float64) * 0.3).to(pdt).cuda()
+            rm = (torch.randn(c, generator=gen, dtype=torch.float64) * 0.1).float().cuda()
+            rv = (torch.rand(c, generator=gen, dtype=torch.float64) + 0.5).float().cuda()
+            for training in (True, False):
+                for act in ("none", "relu"):
+                    for affine in (True, False):
+                        wa, ba = (w, b) if affine else (None, None)
+                        x64 = x.double().requires_grad_(True)
+                        w64 = (w.double() if affine else torch.ones(c, dtype=torch.float64, device="cuda")).requires_grad_(True)
+                        b64 = (b.double() if affine else torch.zeros(c, dtype=torch.float64, device="cuda")).requires_grad_(True)
+                        y64 = F.batch_norm(x64, rm.double(), rv.double(), w64, b64, training, 0.1, EPS)
+                        gy = gy0
+                        if act == "relu":
+                            # at the ReLU's kink the kernel's mask (float32 arithmetic) and
+                            # float64's may differ; a zero incoming gradient there makes both agree
+                            gy = torch.where(y64.detach().abs() > 1e-3, gy0, torch.zeros_like(gy0))
+                            gy = gy.contiguous(memory_format=fmt)
+                            y64 = torch.relu(y64)
+                        rx, rw, rb = torch.autograd.grad(y64, (x64, w64, b64), gy.double())
+                        # grad_input = A * g + B * (x - mean) + D cancels to ~0 when a channel has
+                        # few values (2 with shape (2, 8, 1, 1)): its rounding error scales with
+                        # the terms, A * |g| with A = weight * invstd, not with the result
+                        dims = [0] + list(range(2, len(shape)))
+                        var64 = x64.detach().var(dims, unbiased=False) if training else rv.double()
+                        a64 = w64.detach().abs() * (var64 + EPS).rsqrt()
+                        dx_scale = max(1.0, (a64.max() * gy.double().abs().max()).item())
+                        case = dict(shape=list(shape), dtype=dname, training=training, act=act, affine=affine)
+
+                        def check(how, mask, dx, gw, gb):
+                            r = dict(case, how=how, mask=list(mask))
+                            r["dx"] = err(dx, rx, dx_scale) if mask[0] else None
+                            r["gw"] = err(gw, rw) if mask[1] else None
+                            r["gb"] = err(gb, rb) if mask[2] else None
+                            r["layout_ok"] = (not mask[0]) or dx.is_contiguous(memory_format=fmt)
+                            r["shape_ok"] = ((not mask[0]) or tuple(dx.shape) == tuple(shape)) and \\
+                                ((not mask[1]) or tuple(gw.shape) == (c,)) and ((not mask[2]) or tuple(gb.shape) == (c,))
+                            r["absent_empty"] = all(t.numel() == 0 for t, m in zip((dx, gw, gb), mask) if not m)
+                            records.append(r)
+
+                        _, sm, si, rs = OPS.batch_norm(x, wa, ba, rm, rv, training, EPS, act)
+                        for mask in MASKS:
+                            dx, gw, gb = OPS.batch_norm_backward(gy, x, wa, ba, sm, si, rs, training, act, list(mask))
+                            check("op", mask, dx, gw, gb)
+                        if affine:
+                            # through autograd: all three grads, and weight/bias only (input not
+                            # requiring grad)
+                            for x_grad in (True, False):
+                                xi = x.detach().clone().requires_grad_(x_grad)
+                                wi, bi = w.detach().clone().requires_grad_(True), b.detach().clone().requires_grad_(True)
+                                y = cudadoctor_ops.batch_norm(xi, rm.clone(), rv.clone(), wi, bi, training, 0.1, EPS, act)
+                                inputs = (xi, wi, bi) if x_grad else (wi, bi)
+                                grads = torch.autograd.grad(y, inputs, gy)
+                                if x_grad:
+                                    check("autograd", (True, True, True), *grads)
+                                else:
+                                    check("autograd", (False, True, True), torch.empty(0), *grads)
+
+    # which kernels ran (small tensor, so the one-launch kernel applies whenever it is on)
+    sel_shape = (8, 32, 7, 7)
+    selection = {
+        "train_all": backward_kernels(sel_shape, torch.float32, layout, True, (True, True, True)),
+        "eval_all": backward_kernels(sel_shape, torch.float32, layout, False, (True, True, True)),
+        "train_params_only": backward_kernels(sel_shape, torch.float32, layout, True, (False, True, True)),
+        "eval_input_only": backward_kernels(sel_shape, torch.float32, layout, False, (True, False, False)),
+        "train_all_half": backward_kernels(sel_shape, torch.float16, layout, True, (True, True, True)),
+    }
+    print(json.dumps({"records": records, "selection": selection}))
+    """
+)
+
+_AUTO_CHILD = _COMMON + textwrap.dedent(
+    """
+    out = {}
+    for layout in ("nchw", "channels_last"):
+        # exactly 16 MiB of float32 input (one-launch), 1/64 more (multi-kernel), and ResNet-50's
+        # 14x14 BatchNorm at batch 64 in float16 (6.4 MB, one-launch)
+        for shape, dtype in (((64, 256, 16, 16), torch.float32), ((65, 256, 16, 16), torch.float32),
+                             ((64, 256, 14, 14), torch.float16)):
+            key = f"{layout} {list(shape)} {str(dtype).replace('torch.', '')}"
+            out[key] = backward_kernels(shape, dtype, layout, True, (True, True, True))
+    print(json.dumps(out))
+    """
+)
+
+# (atol relative to the largest reference value, at least 1) per input dtype
+TOL = {"float32": 1e-4, "float16": 3e-3, "bfloat16": 1.5e-2}
+
+
+def _run_child(ops, code, args, env_value):
+    env = dict(os.environ)
+    env.pop("CUDADOCTOR_OPS_BN_FUSED_BWD", None)
+    if env_value is not None:
+        env["CUDADOCTOR_OPS_BN_FUSED_BWD"] = env_value
+    # the child imports the same cudadoctor_ops as this process (an in-place build in opsrc/ too)
+    root = str(pathlib.Path(ops.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+@pytest.mark.parametrize("fused", ["0", "1"])
+def test_backward_vs_float64_with_and_without_the_one_launch_kernel(ops, layout, fused):
+    """grad_input / grad_weight / grad_bias of every output_mask combination (through the op and
+    through autograd, weight/bias-only included), training and eval, with and without ReLU and
+    affine parameters, float32 / float16 / bfloat16, against float64 torch."""
+    res = _run_child(ops, _CHILD, [layout], fused)
+    records = res["records"]
+    # 6 shapes x 3 dtypes x 2 modes x 2 activations: 7 masks with and without affine + 2 autograd
+    assert len(records) == 6 * 3 * 2 * 2 * (7 * 2 + 2)
+    bad = []
+    for r in records:
+        tol = TOL[r["dtype"]]
+        for k in ("dx", "gw", "gb"):
+            if r[k] is not None and not r[k] <= tol:  # also catches NaN
+                bad.append(f"{k} err {r[k]:.2e} > {tol:.0e}: {r}")
+        if not (r["layout_ok"] and r["shape_ok"] and r["absent_empty"]):
+            bad.append(f"layout/shape/empty outputs wrong: {r}")
+    assert not bad, f"{len(bad)} failures, first ones:\n" + "\n".join(bad[:20])
+
+    sel = res["selection"]
+    if any(isinstance(v, str) for v in sel.values()):
+        warnings.warn(f"kernel selection not checked: {sel}")
+        return
+    one = "bn_bwd_fused_nhwc" if layout == "channels_last" else "bn_bwd_fused_nchw"
+    for key in ("train_all", "eval_all", "train_all_half"):
+        if fused == "1":
+            assert sel[key] == [one], (key, sel)
+        else:
+            assert not any("fused" in k for k in sel[key]) and any("reduce" in k for k in sel[key]), (key, sel)
+    # no grad_input, or no reduction: never the one-launch kernel
+    for key in ("train_params_only", "eval_input_only"):
+        assert not any("fused" in k for k in sel[key]), (key, sel)
+    assert not any("reduce" in k for k in sel["eval_input_only"]), sel
+
+
+def test_one_launch_backward_size_limit(ops):
+    """With CUDADOCTOR_OPS_BN_FUSED_BWD unset the one-launch backward runs up to 16 MiB of input."""
+    sel = _run_child(ops, _AUTO_CHILD, [], None)
+    if any(isinstance(v, str) for v in sel.values()):
+        pytest.skip(f"kernel names not available: {sel}")
+    for key, names in sel.items():
+        layout = key.split()[0]
+        one = "bn_bwd_fused_nhwc" if layout == "channels_last" else "bn_bwd_fused_nchw"
+        if "[65, 256, 16, 16]" in key:
+            assert one not in names and any("reduce" in k for k in names), (key, names)
+        else:
+            assert names == [one], (key, names)
