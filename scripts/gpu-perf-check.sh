@@ -7,9 +7,11 @@
 #   tests     in parallel: pytest tests/ops and cudadoctor smoke --installed (all four sanitizers)
 #   bench     alone on the GPU: python -m cudadoctor_ops.bench batch_norm depthwise, then
 #             python -m cudadoctor_ops.bench_cbr --cases headline (with torch.compile and ResNet-50)
-#   variants  the previous kernel variants in the same kind of run: BatchNorm's channels_last
-#             training forward without the one-launch kernel (CUDADOCTOR_OPS_BN_FUSED=0), the
-#             contiguous one without it (CUDADOCTOR_OPS_BN_FUSED_NCHW=0), and with
+#   variants  the previous kernel variants in the same kind of run: `bench batch_norm` once per
+#             setting in $BN_VARIANTS (default: CUDADOCTOR_OPS_BN_FUSED=0, the channels_last
+#             training forward without the one-launch kernel; CUDADOCTOR_OPS_BN_SINGLEREAD=0, the
+#             contiguous one without the single-read kernel; CUDADOCTOR_OPS_BN_FUSED_BWD=0, the
+#             backward without its one-launch kernels), and with
 #             CBR_VARIANTS=1 CBR's v1 NHWC kernels (CUDADOCTOR_OPS_CBR_V1=1); the depthwise bench
 #             times its previous kernels itself
 #   profile   scripts/gpu_profile.py $PROFILE_PARTS (default bn cbr dw; kernel-level breakdown)
@@ -68,11 +70,13 @@ section_bench() {
 }
 
 section_variants() {
+  # BN_VARIANTS: space-separated VAR=VALUE settings, each a full `bench batch_norm` run
+  local v
   {
-    echo "== CUDADOCTOR_OPS_BN_FUSED=0 (channels_last training forward as stats -> finalize -> apply)"
-    CUDADOCTOR_OPS_BN_FUSED=0 lim 60 "$PY" -m cudadoctor_ops.bench batch_norm 2>/dev/null | grep -E "nhwc|copy"
-    echo "== CUDADOCTOR_OPS_BN_FUSED_NCHW=0 (contiguous training forward as stats -> apply)"
-    CUDADOCTOR_OPS_BN_FUSED_NCHW=0 lim 60 "$PY" -m cudadoctor_ops.bench batch_norm 2>/dev/null | grep -E "nchw|copy"
+    for v in ${BN_VARIANTS:-CUDADOCTOR_OPS_BN_FUSED=0 CUDADOCTOR_OPS_BN_SINGLEREAD=0 CUDADOCTOR_OPS_BN_FUSED_BWD=0}; do
+      echo "== $v"
+      env "$v" timeout 90 "$PY" -m cudadoctor_ops.bench batch_norm 2>/dev/null | grep -E "batch_norm|copy"
+    done
     if [ -n "${CBR_VARIANTS:-}" ]; then
       echo "== CUDADOCTOR_OPS_CBR_V1=1 (previous CBR NHWC kernels)"
       CUDADOCTOR_OPS_CBR_V1=1 lim 90 "$PY" -m cudadoctor_ops.bench_cbr --cases headline --no-compile --no-resnet 2>/dev/null

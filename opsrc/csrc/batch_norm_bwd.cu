@@ -654,8 +654,136 @@ bool launch_fused_backward(const Layout& l, const T* x, const T* g, T* dx,
                                 stream);
 }
 
-// Launches: with a reduction and grad_input, bn_bwd_fused_* alone for small tensors (see
-// launch_fused_backward); else NCHW: reduce (if needed) -> apply (which finishes its channel
+// NCHW backward with a reduction and grad_input that reads x and grad_out once ("single
+// read"): one block per channel holds the channel's N*HW values of both in shared memory. The
+// sums (g, g*c, c) are taken while loading (the per-channel mean / A / E come from the saved
+// statistics), thread 0 finishes the channel (parameter grads, coef), then grad_input is written
+// from shared memory: 3x the tensor's bytes instead of 5x, one launch, no workspace. For channels
+// whose x plus grad_out fit kBwdSingleReadMaxBytes and at least one channel per SM.
+constexpr int kBwdSingleReadThreads = 512;
+constexpr int64_t kBwdSingleReadMaxBytes = int64_t(112) << 10;
+
+template <typename A>
+__device__ __forceinline__ A bwd_block_sum(A v, A* red) {
+  v = warp_sum(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();  // red may still be read from the previous call
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  const int nw = blockDim.x >> 5;
+  const A t = lane < nw ? red[lane] : A(0);
+  return __shfl_sync(0xffffffffu, warp_sum(t), 0);  // every thread gets the block's sum
+}
+
+template <typename T, int V>
+__global__ void __launch_bounds__(kBwdSingleReadThreads, 2)
+    bn_bwd_singleread_nchw(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
+                           BwdArgs<typename Acc<T>::type> f, int64_t N, int64_t C, int64_t HW,
+                           bool relu) {
+  using A = typename Acc<T>::type;
+  extern __shared__ __align__(16) unsigned char bsr_smem[];
+  const int64_t packs = N * (HW / V);
+  T* sx = reinterpret_cast<T*>(bsr_smem);  // [N * HW] of channel c, then grad_out's
+  T* sg_ = sx + packs * V;
+  __shared__ A red[kBwdSingleReadThreads / 32];
+  __shared__ A coef[5];
+  const int64_t c = blockIdx.x;
+  const int64_t stride = blockDim.x;
+  const ChannelPre<A> pre = channel_pre<A>(c, f.save_mean, f.save_invstd, f.reserve, f.weight,
+                                           f.wkind, f.bias, f.bkind);
+  constexpr int U = V > 1 ? 2 : kUnroll;  // packs of x and grad_out in flight per thread
+  A sg = 0, sgc = 0, sc = 0;
+  int64_t j = threadIdx.x;
+  if (j < packs) {
+    NchwWalk w(j, stride, c, C, HW, V);
+    for (; j < packs; j += U * stride) {
+      Pack<T, V> px[U], pg[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (j + u * stride < packs) {
+          px[u] = *reinterpret_cast<const Pack<T, V>*>(x + w.off);
+          pg[u] = *reinterpret_cast<const Pack<T, V>*>(dy + w.off);
+        }
+        w.advance();
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (j + u * stride < packs) {
+          *reinterpret_cast<Pack<T, V>*>(sx + (j + u * stride) * V) = px[u];
+          *reinterpret_cast<Pack<T, V>*>(sg_ + (j + u * stride) * V) = pg[u];
+#pragma unroll
+          for (int i = 0; i < V; ++i) {
+            const A cx = static_cast<A>(px[u].v[i]) - pre.mean;
+            const A g = masked(static_cast<A>(pg[u].v[i]), cx, pre.a, pre.e, relu);
+            sg += g;
+            sgc += g * cx;
+            sc += cx;
+          }
+        }
+      }
+    }
+  }
+  sg = bwd_block_sum(sg, red);
+  sgc = bwd_block_sum(sgc, red);
+  sc = bwd_block_sum(sc, red);
+  if (threadIdx.x == 0) finish_bwd_channel(f, c, sg, sgc, sc, true, coef);
+  __syncthreads();
+  const A mean = coef[0], a = coef[1], B = coef[2], D = coef[3], e = coef[4];
+  j = threadIdx.x;
+  if (j < packs) {
+    NchwWalk w(j, stride, c, C, HW, V);
+    for (; j < packs; j += stride) {
+      const Pack<T, V> px = *reinterpret_cast<const Pack<T, V>*>(sx + j * V);
+      const Pack<T, V> pg = *reinterpret_cast<const Pack<T, V>*>(sg_ + j * V);
+      Pack<T, V> o;
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const A cx = static_cast<A>(px.v[i]) - mean;
+        const A g = masked(static_cast<A>(pg.v[i]), cx, a, e, relu);
+        o.v[i] = static_cast<T>(a * g + B * cx + D);
+      }
+      *reinterpret_cast<Pack<T, V>*>(dx + w.off) = o;
+      w.advance();
+    }
+  }
+}
+
+inline int bwd_singleread_setting() {
+  static const int v = [] {
+    const char* e = std::getenv("CUDADOCTOR_OPS_BN_SINGLEREAD");
+    if (e == nullptr || *e == '\0') return -1;
+    return e[0] == '0' ? 0 : 1;
+  }();
+  return v;
+}
+
+// Tries the single-read contiguous backward; false when it does not apply.
+template <typename T, int V>
+bool launch_bwd_singleread_nchw(const Layout& l, const T* x, const T* g, T* dx,
+                                const BwdArgs<typename Acc<T>::type>& f, bool relu, int device,
+                                cudaStream_t stream) {
+  const int setting = bwd_singleread_setting();
+  if (setting == 0 || l.nhwc) return false;
+  const int64_t bytes = 2 * l.N * l.HW * int64_t(sizeof(T));
+  if (bytes > kBwdSingleReadMaxBytes || bytes == 0) return false;
+  if (setting < 0 && l.C < sm_count(device)) return false;
+  if (l.C > int64_t(INT32_MAX) || device < 0 || device >= 64) return false;
+  static bool attr_set[64] = {false};  // per instantiation and device
+  if (!attr_set[device]) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(bn_bwd_singleread_nchw<T, V>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(kBwdSingleReadMaxBytes)));
+    attr_set[device] = true;
+  }
+  bn_bwd_singleread_nchw<T, V>
+      <<<static_cast<unsigned>(l.C), kBwdSingleReadThreads, size_t(bytes), stream>>>(
+          x, g, dx, f, l.N, l.C, l.HW, relu);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return true;
+}
+
+// Launches: with a reduction and grad_input, bn_bwd_singleread_nchw for contiguous inputs with
+// small channels, or bn_bwd_fused_* alone for small tensors (see launch_fused_backward); else NCHW: reduce (if needed) -> apply (which finishes its channel
 // itself), and without grad_input reduce -> finalize; NHWC: reduce (if needed) -> finalize ->
 // apply (if grad_input is wanted).
 template <typename T, int V>
@@ -690,6 +818,10 @@ void launch_backward(const Layout& l, const at::Tensor& dy, const at::Tensor& dx
   f.grad_bias = gb.defined() ? gb.data_ptr() : nullptr;
   f.gbkind = param_kind(gb);
   const bool need_x = training || relu;
+  if (need_reduce && dx.defined() &&
+      launch_bwd_singleread_nchw<T, V>(l, x, g, dx.data_ptr<T>(), f, relu, device, stream)) {
+    return;
+  }
   if (need_reduce && dx.defined() &&
       launch_fused_backward<T, V>(l, x, g, dx.data_ptr<T>(), f, acc_opts, relu, need_x, device,
                                   stream)) {

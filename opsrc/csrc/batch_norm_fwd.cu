@@ -516,6 +516,132 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// NCHW training forward that reads x once ("single read"): one block per channel holds the
+// channel's N*HW values in shared memory. Statistics are exact two-pass sums over shared memory
+// (values shifted by K = the channel's first value, as everywhere else), thread 0 finishes the
+// channel (saved statistics, running statistics), then y is written from shared memory. No
+// workspace, no grid barrier, 2x the tensor's bytes instead of 3x. For channels of at most
+// kSingleReadMaxBytes and at least one channel per SM.
+constexpr int kSingleReadThreads = 512;
+constexpr int64_t kSingleReadMaxBytes = int64_t(112) << 10;
+
+template <typename A>
+__device__ __forceinline__ A block_sum_sr(A v, A* red) {
+  v = warp_sum(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();  // red may still be read from the previous call
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  const int nw = blockDim.x >> 5;
+  A t = lane < nw ? red[lane] : A(0);
+  return __shfl_sync(0xffffffffu, warp_sum(t), 0);  // every thread gets the block's sum
+}
+
+template <typename T, int V>
+__global__ void __launch_bounds__(kSingleReadThreads, 2)
+    bn_singleread_nchw(const T* __restrict__ x, T* __restrict__ y,
+                       FwdArgs<typename Acc<T>::type> f, int64_t N, int64_t C, int64_t HW,
+                       bool relu) {
+  using A = typename Acc<T>::type;
+  extern __shared__ __align__(16) unsigned char sr_smem[];
+  T* s = reinterpret_cast<T*>(sr_smem);  // [N * HW]: element n * HW + h of channel c
+  __shared__ A red[kSingleReadThreads / 32];
+  __shared__ A coef[3];
+  const int64_t c = blockIdx.x;
+  const int64_t packs = N * (HW / V);
+  const int64_t stride = blockDim.x;
+  const A K = static_cast<A>(x[c * HW]);
+  // load into shared memory, summing x - K
+  A sum = 0;
+  int64_t j = threadIdx.x;
+  if (j < packs) {
+    NchwWalk w(j, stride, c, C, HW, V);
+    for (; j < packs; j += kUnroll * stride) {
+      Pack<T, V> p[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (j + u * stride < packs) p[u] = *reinterpret_cast<const Pack<T, V>*>(x + w.off);
+        w.advance();
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (j + u * stride < packs) {
+          *reinterpret_cast<Pack<T, V>*>(s + (j + u * stride) * V) = p[u];
+#pragma unroll
+          for (int i = 0; i < V; ++i) sum += static_cast<A>(p[u].v[i]) - K;
+        }
+      }
+    }
+  }
+  const A n = static_cast<A>(packs * V);
+  const A ms = block_sum_sr(sum, red) / n;  // mean of x - K (every thread; s is complete too)
+  A sq = 0;
+  for (int64_t k = threadIdx.x; k < packs; k += stride) {
+    const Pack<T, V> p = *reinterpret_cast<const Pack<T, V>*>(s + k * V);
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      const A d = static_cast<A>(p.v[i]) - K - ms;
+      sq += d * d;
+    }
+  }
+  const A m2 = block_sum_sr(sq, red);
+  if (threadIdx.x == 0) {
+    A Kc, a, b;
+    finish_channel(x, c, f, ms, m2, n, true, Kc, a, b);
+    coef[0] = Kc;
+    coef[1] = a;
+    coef[2] = b;
+  }
+  __syncthreads();
+  const A Kc = coef[0], a = coef[1], b = coef[2];
+  j = threadIdx.x;
+  if (j < packs) {
+    NchwWalk w(j, stride, c, C, HW, V);
+    for (; j < packs; j += stride) {
+      const Pack<T, V> p = *reinterpret_cast<const Pack<T, V>*>(s + j * V);
+      Pack<T, V> o;
+#pragma unroll
+      for (int i = 0; i < V; ++i)
+        o.v[i] = static_cast<T>(act((static_cast<A>(p.v[i]) - Kc) * a + b, relu));
+      *reinterpret_cast<Pack<T, V>*>(y + w.off) = o;
+      w.advance();
+    }
+  }
+}
+
+inline int singleread_setting() {
+  static const int v = [] {
+    const char* e = std::getenv("CUDADOCTOR_OPS_BN_SINGLEREAD");
+    if (e == nullptr || *e == '\0') return -1;
+    return e[0] == '0' ? 0 : 1;
+  }();
+  return v;
+}
+
+// Tries the single-read contiguous training forward; false when it does not apply.
+template <typename T, int V>
+bool launch_singleread_nchw(const Layout& l, const T* x, T* y, const FwdArgs<typename Acc<T>::type>& f,
+                            bool relu, int device, cudaStream_t stream) {
+  const int setting = singleread_setting();
+  if (setting == 0) return false;
+  const int64_t bytes = l.N * l.HW * int64_t(sizeof(T));
+  if (bytes > kSingleReadMaxBytes || bytes == 0) return false;
+  if (setting < 0 && l.C < sm_count(device)) return false;
+  if (l.C > int64_t(INT32_MAX)) return false;
+  static bool attr_set[64] = {false};  // per instantiation and device
+  if (device < 0 || device >= 64) return false;
+  if (!attr_set[device]) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(bn_singleread_nchw<T, V>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(kSingleReadMaxBytes)));
+    attr_set[device] = true;
+  }
+  bn_singleread_nchw<T, V><<<static_cast<unsigned>(l.C), kSingleReadThreads, size_t(bytes), stream>>>(
+      x, y, f, l.N, l.C, l.HW, relu);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return true;
+}
+
 // Whether a training forward runs as one cooperative kernel: below a size where the tensor stays
 // in L2 between its phases. CUDADOCTOR_OPS_BN_FUSED (channels_last) and
 // CUDADOCTOR_OPS_BN_FUSED_NCHW (contiguous) = 0 / 1 force it off / on (read once).
@@ -661,6 +787,9 @@ void launch_forward(const Layout& l, const at::Tensor& out, bool training, doubl
   f.uvkind = update ? param_kind(urv) : kAbsent;
   f.momentum = static_cast<A>(momentum);
   if (training && l.nhwc && launch_fused_nhwc<T, V>(l, x, y, f, acc_opts, relu, device, stream)) {
+    return;
+  }
+  if (training && !l.nhwc && launch_singleread_nchw<T, V>(l, x, y, f, relu, device, stream)) {
     return;
   }
   if (training && !l.nhwc && launch_fused_nchw<T, V>(l, x, y, f, acc_opts, relu, device, stream)) {

@@ -160,9 +160,10 @@ class TestBatchNorm:
         close(out, ref, torch.float16, what="output (fp32 params)")
 
     @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
-    def test_large_mean_small_std_is_stable(self, ops, layout):
+    @pytest.mark.parametrize("shape", [(8, 4, 32, 32), (8, 160, 8, 8)])  # the second: single-read NCHW
+    def test_large_mean_small_std_is_stable(self, ops, layout, shape):
         # mean 1e4, std 1e-2 in float32: naive E[x^2] - E[x]^2 loses every digit.
-        x, w, b, rm, rv = make((8, 4, 32, 32), torch.float32, layout, loc=1e4, scale=1e-2)
+        x, w, b, rm, rv = make(shape, torch.float32, layout, loc=1e4, scale=1e-2)
         rm0, rv0 = rm.clone(), rv.clone()
         xg = x.clone().requires_grad_(True)
         out = ops.batch_norm(xg, rm, rv, w, b, True, 0.1, 1e-5)
@@ -485,15 +486,24 @@ _FUSED_CHILD = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("layout", ["nhwc", "nchw"])
-@pytest.mark.parametrize("fused", ["0", "1"])
-def test_training_with_and_without_the_one_launch_kernel(ops, layout, fused):
-    """CUDADOCTOR_OPS_BN_FUSED (channels_last) / CUDADOCTOR_OPS_BN_FUSED_NCHW (contiguous) = 1
-    force the cooperative one-launch training forward, 0 the multi-kernel path; both must match
-    float64, running statistics included (the switches are read once per process, hence a
-    child)."""
-    var = "CUDADOCTOR_OPS_BN_FUSED" if layout == "nhwc" else "CUDADOCTOR_OPS_BN_FUSED_NCHW"
-    env = dict(os.environ, **{var: fused})
+_SWITCH_CASES = [
+    ("nhwc", {"CUDADOCTOR_OPS_BN_FUSED": "0"}),
+    ("nhwc", {"CUDADOCTOR_OPS_BN_FUSED": "1"}),
+    ("nchw", {"CUDADOCTOR_OPS_BN_SINGLEREAD": "0", "CUDADOCTOR_OPS_BN_FUSED_NCHW": "0"}),
+    ("nchw", {"CUDADOCTOR_OPS_BN_SINGLEREAD": "0", "CUDADOCTOR_OPS_BN_FUSED_NCHW": "1"}),
+    ("nchw", {"CUDADOCTOR_OPS_BN_SINGLEREAD": "1"}),
+]
+
+
+@pytest.mark.parametrize("layout,switches", _SWITCH_CASES,
+                         ids=[f"{lay}-" + "-".join(f"{k[18:]}={v}" for k, v in sw.items()) for lay, sw in _SWITCH_CASES])
+def test_training_forward_kernel_choices(ops, layout, switches):
+    """Every training-forward kernel choice must match float64, running statistics included:
+    channels_last with CUDADOCTOR_OPS_BN_FUSED=1 (one cooperative launch) or 0 (stats ->
+    finalize -> apply); contiguous with CUDADOCTOR_OPS_BN_SINGLEREAD=1 (one block per channel
+    held in shared memory), or without it CUDADOCTOR_OPS_BN_FUSED_NCHW=1 / 0 (one cooperative
+    launch / stats -> apply). The switches are read once per process, hence a child."""
+    env = dict(os.environ, **switches)
     proc = subprocess.run([sys.executable, "-c", _FUSED_CHILD, layout], env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr

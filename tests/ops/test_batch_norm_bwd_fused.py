@@ -54,7 +54,7 @@ _COMMON = textwrap.dedent(
                 torch.cuda.synchronize()
             names = set()
             for e in prof.events():
-                for key in ("bn_bwd_fused_nchw", "bn_bwd_fused_nhwc", "bn_bwd_reduce_nchw",
+                for key in ("bn_bwd_singleread_nchw", "bn_bwd_fused_nchw", "bn_bwd_fused_nhwc", "bn_bwd_reduce_nchw",
                             "bn_bwd_reduce_nhwc", "bn_bwd_apply_nchw", "bn_bwd_apply_nhwc",
                             "bn_bwd_finalize"):
                     if key in e.name:
@@ -200,11 +200,14 @@ _AUTO_CHILD = _COMMON + textwrap.dedent(
 TOL = {"float32": 1e-4, "float16": 3e-3, "bfloat16": 1.5e-2}
 
 
-def _run_child(ops, code, args, env_value):
+def _run_child(ops, code, args, env_value, singleread=None):
     env = dict(os.environ)
     env.pop("CUDADOCTOR_OPS_BN_FUSED_BWD", None)
+    env.pop("CUDADOCTOR_OPS_BN_SINGLEREAD", None)
     if env_value is not None:
         env["CUDADOCTOR_OPS_BN_FUSED_BWD"] = env_value
+    if singleread is not None:
+        env["CUDADOCTOR_OPS_BN_SINGLEREAD"] = singleread
     # the child imports the same cudadoctor_ops as this process (an in-place build in opsrc/ too)
     root = str(pathlib.Path(ops.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -215,13 +218,17 @@ def _run_child(ops, code, args, env_value):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
-@pytest.mark.parametrize("fused", ["0", "1"])
-def test_backward_vs_float64_with_and_without_the_one_launch_kernel(ops, layout, fused):
+@pytest.mark.parametrize("layout,fused,singleread", [
+    ("nchw", "0", "0"), ("nchw", "1", "0"), ("channels_last", "0", None), ("channels_last", "1", None),
+    ("nchw", "0", "1"),
+])
+def test_backward_vs_float64_with_and_without_the_one_launch_kernel(ops, layout, fused, singleread):
     """grad_input / grad_weight / grad_bias of every output_mask combination (through the op and
     through autograd, weight/bias-only included), training and eval, with and without ReLU and
-    affine parameters, float32 / float16 / bfloat16, against float64 torch."""
-    res = _run_child(ops, _CHILD, [layout], fused)
+    affine parameters, float32 / float16 / bfloat16, against float64 torch. With
+    CUDADOCTOR_OPS_BN_SINGLEREAD=1 the contiguous cases with small channels run
+    bn_bwd_singleread_nchw (one block per channel in shared memory) instead."""
+    res = _run_child(ops, _CHILD, [layout], fused, singleread)
     records = res["records"]
     # 6 shapes x 3 dtypes x 2 modes x 2 activations: 7 masks with and without affine + 2 autograd
     assert len(records) == 6 * 3 * 2 * 2 * (7 * 2 + 2)
@@ -241,7 +248,9 @@ def test_backward_vs_float64_with_and_without_the_one_launch_kernel(ops, layout,
         return
     one = "bn_bwd_fused_nhwc" if layout == "channels_last" else "bn_bwd_fused_nchw"
     for key in ("train_all", "eval_all", "train_all_half"):
-        if fused == "1":
+        if singleread == "1":
+            assert sel[key] == ["bn_bwd_singleread_nchw"], (key, sel)
+        elif fused == "1":
             assert sel[key] == [one], (key, sel)
         else:
             assert not any("fused" in k for k in sel[key]) and any("reduce" in k for k in sel[key]), (key, sel)
@@ -252,14 +261,18 @@ def test_backward_vs_float64_with_and_without_the_one_launch_kernel(ops, layout,
 
 
 def test_one_launch_backward_size_limit(ops):
-    """With CUDADOCTOR_OPS_BN_FUSED_BWD unset the one-launch backward runs up to 16 MiB of input."""
+    """With CUDADOCTOR_OPS_BN_FUSED_BWD unset the one-launch backward runs up to 16 MiB of input;
+    contiguous inputs whose channel (x plus grad_out) fits 112 KiB, with at least one channel per
+    SM, run the single-read kernel instead."""
     sel = _run_child(ops, _AUTO_CHILD, [], None)
     if any(isinstance(v, str) for v in sel.values()):
         pytest.skip(f"kernel names not available: {sel}")
     for key, names in sel.items():
         layout = key.split()[0]
         one = "bn_bwd_fused_nhwc" if layout == "channels_last" else "bn_bwd_fused_nchw"
-        if "[65, 256, 16, 16]" in key:
+        if layout == "nchw" and "[64, 256, 14, 14]" in key and torch.cuda.get_device_properties(0).multi_processor_count <= 256:
+            assert names == ["bn_bwd_singleread_nchw"], (key, names)
+        elif "[65, 256, 16, 16]" in key:
             assert one not in names and any("reduce" in k for k in names), (key, names)
         else:
             assert names == [one], (key, names)
