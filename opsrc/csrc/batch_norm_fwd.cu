@@ -636,7 +636,16 @@ bool launch_singleread_nchw(const Layout& l, const T* x, T* y, const FwdArgs<typ
                                         static_cast<int>(kSingleReadMaxBytes)));
     attr_set[device] = true;
   }
-  bn_singleread_nchw<T, V><<<static_cast<unsigned>(l.C), kSingleReadThreads, size_t(bytes), stream>>>(
+  // small channels: 256 threads, so that more blocks (channels) are in flight per SM to overlap
+  // one block's reductions with another's loads; CUDADOCTOR_OPS_BN_SR_THREADS=256/512 fixes it
+  static const int fixed_threads = [] {
+    const char* e = std::getenv("CUDADOCTOR_OPS_BN_SR_THREADS");
+    const int t = e ? std::atoi(e) : 0;
+    return (t == 256 || t == 512) ? t : 0;
+  }();
+  const int64_t packs = l.N * (l.HW / V);
+  const int threads = fixed_threads ? fixed_threads : (packs >= 4096 ? kSingleReadThreads : 256);
+  bn_singleread_nchw<T, V><<<static_cast<unsigned>(l.C), threads, size_t(bytes), stream>>>(
       x, y, f, l.N, l.C, l.HW, relu);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return true;
