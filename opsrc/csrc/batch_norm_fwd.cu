@@ -439,6 +439,222 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Pieces of bn_persist_nhwc (the one-launch channels-last forward that reads x once; see the
+// comment above it).
+constexpr int kPersistMergeBatch = 4;  // partials a lane loads before merging them (phase 2)
+
+// Phase 2 of bn_persist_nhwc: one warp per channel over the whole grid merges the channel's
+// partials ws [C, splits, 3] and finishes it (saved and running statistics, coef [C, 3]).
+// ws is written by this launch, hence a plain pointer (no read-only cache path).
+template <typename T>
+__device__ __forceinline__ void persist_finish_channels(const T* __restrict__ x,
+                                                        const FwdArgs<typename Acc<T>::type>& f,
+                                                        const typename Acc<T>::type* ws,
+                                                        typename Acc<T>::type* coef, int64_t C,
+                                                        int splits) {
+  using A = typename Acc<T>::type;
+  // blocks are 2-D: the lane comes from the linear thread index
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  const int lane = tid & 31;
+  const int warps_per_block = (blockDim.x * blockDim.y) >> 5;
+  const int64_t block = int64_t(blockIdx.y) * gridDim.x + blockIdx.x;
+  const int64_t nwarps = int64_t(gridDim.x) * gridDim.y * warps_per_block;
+  for (int64_t c = block * warps_per_block + (tid >> 5); c < C; c += nwarps) {
+    const A* pc = ws + c * splits * 3;
+    A ms = 0, m2 = 0, n = 0;
+    for (int s0 = lane; s0 < splits; s0 += 32 * kPersistMergeBatch) {
+      A pm[kPersistMergeBatch], pq[kPersistMergeBatch], pn[kPersistMergeBatch];
+#pragma unroll
+      for (int u = 0; u < kPersistMergeBatch; ++u) {
+        const int s = s0 + 32 * u;
+        pm[u] = 0;
+        pq[u] = 0;
+        pn[u] = 0;
+        if (s < splits) {
+          pm[u] = pc[s * 3 + 0];
+          pq[u] = pc[s * 3 + 1];
+          pn[u] = pc[s * 3 + 2];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kPersistMergeBatch; ++u)
+        if (s0 + 32 * u < splits) welford_merge(ms, m2, n, pm[u], pq[u], pn[u]);
+    }
+    warp_welford(ms, m2, n);
+    if (lane == 0) {
+      A K, a, b;
+      finish_channel(x, c, f, ms, m2, n, true, K, a, b);
+      coef[c * 3 + 0] = K;
+      coef[c * 3 + 1] = a;
+      coef[c * 3 + 2] = b;
+    }
+  }
+}
+
+// Makes the compiler treat the bits of p as unknown from here on: phase 3 then converts the packs
+// held since phase 1 again instead of keeping phase 1's converted values (2x the registers for
+// 16-bit types) alive across the grid barriers.
+template <typename P>
+__device__ __forceinline__ void persist_opaque(P& p) {
+  static_assert(sizeof(P) % 2 == 0, "packs of 16-bit words");
+  if constexpr (sizeof(P) % 4 == 0) {
+    uint32_t w[sizeof(P) / 4];
+    memcpy(w, &p, sizeof(P));
+#pragma unroll
+    for (int i = 0; i < int(sizeof(P) / 4); ++i) asm volatile("" : "+r"(w[i]));
+    memcpy(&p, w, sizeof(P));
+  } else {
+    unsigned short h[sizeof(P) / 2];
+    memcpy(h, &p, sizeof(P));
+#pragma unroll
+    for (int i = 0; i < int(sizeof(P) / 2); ++i) asm volatile("" : "+h"(h[i]));
+    memcpy(&p, h, sizeof(P));
+  }
+}
+
+// Register caps of bn_persist_nhwc (blocks of 256 resident per SM): 64 per thread for MAXR = 4
+// (4 blocks), 80 for MAXR = 8 (3); double (twice the registers per accumulator) 128 (2), below
+// which it spills.
+template <typename T, int MAXR>
+struct PersistMinBlocks {
+  static constexpr int value = sizeof(typename Acc<T>::type) == 8 ? 2 : (MAXR <= 4 ? 4 : 3);
+};
+
+// Channels-last training forward of a small tensor in ONE cooperative launch that reads x once
+// (bn_persist_nhwc; bn_fused_nhwc below is the variant that reads x twice).
+//   Grid (ceil(C/V/TX), splits), block (TX, TY) = nhwc_block(C/V). Thread (tx, ty) of block
+//   (bx, s) owns the V channels cv*V.. (cv = bx*TX + tx) of the rows r_k = s*TY + ty +
+//   k*splits*TY, k < MAXR; the launcher picks splits so that ceil(R / (splits*TY)) <= MAXR, i.e.
+//   every row is some thread's.
+//   Phase 1: the thread issues the loads of all its packs at once and keeps them in registers
+//   (MAXR packs; 4*MAXR registers for 16-byte packs), then accumulates them exactly as
+//   stats_nhwc_block does (Welford per row of values shifted by K = the channel's first value,
+//   tree merge over threadIdx.y in shared memory, partials ws [C, splits, 3]).
+//   Grid barrier. Phase 2: every warp of the grid finishes channels from the partials (merged
+//   in the order bn_fused_nhwc merges them; a lane's partials are loaded in batches), writing
+//   save_mean / save_invstd / reserve, the running statistics and coef [C, 3].
+//   Grid barrier. Phase 3: y = (x - K) * a + b (+ ReLU) from the packs still in registers.
+// x is read from memory once (bn_fused_nhwc reads it again from L2 in its phase 3), and the grid
+// is sized by rows per thread instead of bn_stats_nhwc's rows per block, so a small tensor runs
+// with many more threads in flight (one load round per thread). launch_persist_nhwc takes
+// MAXR = 4, else 8, whichever fits first (else bn_fused_nhwc runs), with splits from
+// persist_splits. Dynamic shared memory: TY * TX * V * 3 accumulators, as bn_stats_nhwc.
+template <typename T, int V, int MAXR>
+__global__ void __launch_bounds__(kThreads, PersistMinBlocks<T, MAXR>::value)
+    bn_persist_nhwc(const T* __restrict__ x, T* __restrict__ y, FwdArgs<typename Acc<T>::type> f,
+                    typename Acc<T>::type* __restrict__ ws,
+                    typename Acc<T>::type* __restrict__ coef, int64_t R, int64_t C, bool relu) {
+  using A = typename Acc<T>::type;
+  extern __shared__ unsigned char smem_raw[];
+  A* sm = reinterpret_cast<A*>(smem_raw);
+  cg::grid_group grid = cg::this_grid();
+  const int64_t Cv = C / V;
+  const int64_t cv = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const bool active = cv < Cv;
+  const int splits = gridDim.y;
+  const int64_t rstride = int64_t(splits) * blockDim.y;
+  const int64_t r0 = int64_t(blockIdx.y) * blockDim.y + threadIdx.y;
+  const T* xc = x + cv * V;  // this thread's channels in row 0
+  Pack<T, V> p[MAXR];
+
+  // ---- phase 1: load every pack of the thread, Welford partials of the block ----
+  {
+    A K[V], mean[V], m2[V];
+    A n = 0;
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      K[i] = 0;
+      mean[i] = 0;
+      m2[i] = 0;
+    }
+    if (active) {
+      const Pack<T, V> k = *reinterpret_cast<const Pack<T, V>*>(xc);
+#pragma unroll
+      for (int u = 0; u < MAXR; ++u)
+        if (r0 + u * rstride < R)
+          p[u] = *reinterpret_cast<const Pack<T, V>*>(xc + (r0 + u * rstride) * C);
+#pragma unroll
+      for (int i = 0; i < V; ++i) K[i] = static_cast<A>(k.v[i]);
+#pragma unroll
+      for (int u = 0; u < MAXR; ++u) {
+        if (r0 + u * rstride < R) {
+          n += A(1);
+          const A fn = fast_div(A(1), n);
+#pragma unroll
+          for (int i = 0; i < V; ++i) {
+            const A v = static_cast<A>(p[u].v[i]) - K[i];
+            const A d = v - mean[i];
+            mean[i] += d * fn;
+            m2[i] += d * (v - mean[i]);
+          }
+        }
+      }
+    }
+    // tree merge over threadIdx.y (as stats_nhwc_block)
+    const int tx = threadIdx.x, TX = blockDim.x;
+    auto slot = [&](int ty, int i, int k) -> A& { return sm[((ty * TX + tx) * V + i) * 3 + k]; };
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      slot(threadIdx.y, i, 0) = mean[i];
+      slot(threadIdx.y, i, 1) = m2[i];
+      slot(threadIdx.y, i, 2) = n;
+    }
+    __syncthreads();
+    for (int s = blockDim.y >> 1; s > 0; s >>= 1) {
+      if (threadIdx.y < s) {
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          A a0 = slot(threadIdx.y, i, 0), a1 = slot(threadIdx.y, i, 1),
+            a2 = slot(threadIdx.y, i, 2);
+          welford_merge(a0, a1, a2, slot(threadIdx.y + s, i, 0), slot(threadIdx.y + s, i, 1),
+                        slot(threadIdx.y + s, i, 2));
+          slot(threadIdx.y, i, 0) = a0;
+          slot(threadIdx.y, i, 1) = a1;
+          slot(threadIdx.y, i, 2) = a2;
+        }
+      }
+      __syncthreads();
+    }
+    if (threadIdx.y == 0 && active) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        A* o = ws + ((cv * V + i) * splits + blockIdx.y) * 3;
+        o[0] = slot(0, i, 0);
+        o[1] = slot(0, i, 1);
+        o[2] = slot(0, i, 2);
+      }
+    }
+  }
+  grid.sync();
+
+  // ---- phase 2: channel finishing by every warp of the grid ----
+  persist_finish_channels<T>(x, f, ws, coef, C, splits);
+  grid.sync();
+
+  // ---- phase 3: y from the packs held since phase 1 ----
+  if (!active) return;
+  A K[V], a[V], b[V];
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    const int64_t c = cv * V + i;
+    K[i] = coef[c * 3 + 0];
+    a[i] = coef[c * 3 + 1];
+    b[i] = coef[c * 3 + 2];
+  }
+  T* yc = y + cv * V;
+#pragma unroll
+  for (int u = 0; u < MAXR; ++u) {
+    if (r0 + u * rstride < R) {
+      persist_opaque(p[u]);
+      Pack<T, V> o;
+#pragma unroll
+      for (int i = 0; i < V; ++i)
+        o.v[i] = static_cast<T>(act((static_cast<A>(p[u].v[i]) - K[i]) * a[i] + b[i], relu));
+      *reinterpret_cast<Pack<T, V>*>(yc + (r0 + u * rstride) * C) = o;
+    }
+  }
+}
+
 // Channels-last training forward of a small tensor in ONE cooperative launch (every block
 // resident): stats partials as bn_stats_nhwc -> grid barrier -> every warp of the grid finishes
 // channels (save_mean / save_invstd / reserve, coef [C, 3]) -> grid barrier -> each block applies
@@ -696,8 +912,90 @@ inline bool launch_cooperative(const void* kernel, dim3 grid, dim3 block, void**
   return true;
 }
 
-// Tries the one-launch channels-last training forward; false when it does not apply (the caller
-// then runs stats -> finalize -> apply).
+// CUDADOCTOR_OPS_BN_NHWC_PERSIST=0 makes the one-launch channels-last forward run bn_fused_nhwc
+// (reads x twice) instead of bn_persist_nhwc wherever the latter applies (read once).
+// CUDADOCTOR_OPS_BN_NHWC_PERSIST_ROWS=K (1..8) sets the rows per thread that bn_persist_nhwc's
+// grid aims at (see persist_splits; K > 4 skips the MAXR = 4 kernel).
+inline int persist_nhwc_setting() {
+  static const int v = env_switch("CUDADOCTOR_OPS_BN_NHWC_PERSIST");
+  return v;
+}
+
+inline int persist_nhwc_rows() {
+  static const int v = [] {
+    const char* e = std::getenv("CUDADOCTOR_OPS_BN_NHWC_PERSIST_ROWS");
+    const int r = e ? std::atoi(e) : 0;
+    return r >= 1 && r <= 8 ? r : 0;
+  }();
+  return v;
+}
+
+// Splits (grid.y) of bn_persist_nhwc for R rows, gx blocks per row-slice, TY rows per block and
+// per_sm resident blocks per SM; 0 when no resident grid gives every thread <= maxr rows. The
+// fewest waves that do: b = 1, 2, .. per_sm blocks on every SM (splits = b * SMs / gx, at most
+// one block per TY rows, at most kMaxSplits), the first whose rows per thread
+// ceil(R / (splits * TY)) are <= target; if none is, the most splits that are resident.
+inline int persist_splits(int64_t R, int64_t gx, int64_t ty, int sms, int per_sm, int maxr,
+                          int target) {
+  const int64_t most = (R + ty - 1) / ty;  // more splits would leave blocks without rows
+  int64_t s = 0;
+  for (int b = 1; b <= per_sm; ++b) {
+    int64_t sb = int64_t(b) * sms / gx;
+    if (sb > kMaxSplits) sb = kMaxSplits;
+    if (sb > most) sb = most;
+    if (sb < 1) continue;
+    s = sb;
+    if ((R + s * ty - 1) / (s * ty) <= target) break;
+  }
+  if (s < 1 || (R + s * ty - 1) / (s * ty) > maxr) return 0;
+  return static_cast<int>(s);
+}
+
+// Launches bn_persist_nhwc<T, V, MAXR> when its resident grid gives every thread <= MAXR rows;
+// false otherwise (nothing launched).
+template <typename T, int V, int MAXR>
+bool launch_persist_nhwc_maxr(const Layout& l, const T* x, T* y,
+                              FwdArgs<typename Acc<T>::type>& f,
+                              const at::TensorOptions& acc_opts, bool relu, int device,
+                              cudaStream_t stream) {
+  using A = typename Acc<T>::type;
+  const int64_t R = l.N * l.HW;
+  const int64_t Cv = l.C / V;
+  const dim3 block = nhwc_block(Cv);
+  const int64_t gx = (Cv + block.x - 1) / block.x;
+  const size_t smem = size_t(kThreads) * V * 3 * sizeof(A);
+  const int per_sm = blocks_per_sm(bn_persist_nhwc<T, V, MAXR>, smem);
+  const int rows = persist_nhwc_rows();
+  const int target = rows > 0 && rows < MAXR ? rows : MAXR;
+  const int splits = persist_splits(R, gx, block.y, sm_count(device), per_sm, MAXR, target);
+  if (splits < 1) return false;
+  // partials [C, splits, 3] and coefficients [C, 3] in one allocation
+  at::Tensor ws = at::empty({l.C * (splits + 1) * 3}, acc_opts);
+  A* wsp = ws.data_ptr<A>();
+  A* cp = wsp + l.C * splits * 3;
+  int64_t Rr = R, C = l.C;
+  f.ws = wsp;
+  f.splits = splits;
+  void* args[] = {const_cast<T**>(&x), &y, &f, &wsp, &cp, &Rr, &C, &relu};
+  return launch_cooperative(reinterpret_cast<const void*>(bn_persist_nhwc<T, V, MAXR>),
+                            dim3(static_cast<unsigned>(gx), static_cast<unsigned>(splits)),
+                            block, args, smem, stream);
+}
+
+// bn_persist_nhwc with the smallest MAXR (4, 8) that fits; false when neither does.
+template <typename T, int V>
+bool launch_persist_nhwc(const Layout& l, const T* x, T* y, FwdArgs<typename Acc<T>::type>& f,
+                         const at::TensorOptions& acc_opts, bool relu, int device,
+                         cudaStream_t stream) {
+  if (persist_nhwc_setting() == 0) return false;
+  if (persist_nhwc_rows() <= 4 &&
+      launch_persist_nhwc_maxr<T, V, 4>(l, x, y, f, acc_opts, relu, device, stream))
+    return true;
+  return launch_persist_nhwc_maxr<T, V, 8>(l, x, y, f, acc_opts, relu, device, stream);
+}
+
+// Tries the one-launch channels-last training forward (bn_persist_nhwc where it fits, else
+// bn_fused_nhwc); false when it does not apply (the caller then runs stats -> finalize -> apply).
 template <typename T, int V>
 bool launch_fused_nhwc(const Layout& l, const T* x, T* y, FwdArgs<typename Acc<T>::type>& f,
                        const at::TensorOptions& acc_opts, bool relu, int device,
@@ -709,6 +1007,7 @@ bool launch_fused_nhwc(const Layout& l, const T* x, T* y, FwdArgs<typename Acc<T
   const int64_t bytes = R * l.C * int64_t(sizeof(T));
   if (setting < 0 && bytes > kFusedMaxBytes) return false;
   if (!cooperative_ok(device)) return false;
+  if (launch_persist_nhwc<T, V>(l, x, y, f, acc_opts, relu, device, stream)) return true;
   const size_t smem = size_t(kThreads) * V * 3 * sizeof(A);
   const int per_sm = blocks_per_sm(bn_fused_nhwc<T, V>, smem);
   NhwcGrid g = nhwc_grid(l.C / V, R, device, per_sm,
