@@ -775,16 +775,15 @@ bool launch_bwd_singleread_nchw(const Layout& l, const T* x, const T* g, T* dx,
                                         static_cast<int>(kBwdSingleReadMaxBytes)));
     attr_set[device] = true;
   }
-  // small channels: 256 threads (more channels in flight per SM), as the forward;
+  // channels of up to 16384 values: 256 threads (more channels in flight per SM), as the forward;
   // CUDADOCTOR_OPS_BN_SR_THREADS=256/512 fixes it
   static const int fixed_threads = [] {
     const char* e = std::getenv("CUDADOCTOR_OPS_BN_SR_THREADS");
     const int t = e ? std::atoi(e) : 0;
     return (t == 256 || t == 512) ? t : 0;
   }();
-  const int64_t packs = l.N * (l.HW / V);
   const int threads =
-      fixed_threads ? fixed_threads : (packs >= 4096 ? kBwdSingleReadThreads : 256);
+      fixed_threads ? fixed_threads : (l.N * l.HW > 16384 ? kBwdSingleReadThreads : 256);
   bn_bwd_singleread_nchw<T, V><<<static_cast<unsigned>(l.C), threads, size_t(bytes), stream>>>(
       x, g, dx, f, l.N, l.C, l.HW, relu);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
