@@ -569,36 +569,8 @@ __global__ void __launch_bounds__(kThreads, FusedNhwcMinBlocks<T, V>::value)
 constexpr int64_t kFusedBwdMaxBytes = int64_t(16) << 20;
 
 inline int fused_bwd_setting() {
-  static const int v = [] {
-    const char* e = std::getenv("CUDADOCTOR_OPS_BN_FUSED_BWD");
-    if (e == nullptr || *e == '\0') return -1;
-    return e[0] == '0' ? 0 : 1;
-  }();
+  static const int v = env_switch("CUDADOCTOR_OPS_BN_FUSED_BWD");
   return v;
-}
-
-inline bool bwd_cooperative_ok(int device) {
-  static int cached[64] = {0};  // 0 unknown, 1 yes, 2 no
-  if (device >= 0 && device < 64 && cached[device] != 0) return cached[device] == 1;
-  int v = 0;
-  if (cudaDeviceGetAttribute(&v, cudaDevAttrCooperativeLaunch, device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    v = 0;
-  }
-  if (device >= 0 && device < 64) cached[device] = v ? 1 : 2;
-  return v != 0;
-}
-
-// cudaLaunchCooperativeKernel; false (error cleared) when the grid cannot be resident at once.
-inline bool bwd_launch_cooperative(const void* kernel, dim3 grid, dim3 block, void** args,
-                                   size_t smem, cudaStream_t stream) {
-  const cudaError_t err = cudaLaunchCooperativeKernel(kernel, grid, block, args, smem, stream);
-  if (err == cudaErrorCooperativeLaunchTooLarge) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  C10_CUDA_CHECK(err);
-  return true;
 }
 
 // Tries the one-launch backward (reduction and grad_input wanted); false when it does not apply
@@ -613,7 +585,7 @@ bool launch_fused_backward(const Layout& l, const T* x, const T* g, T* dx,
   if (setting == 0) return false;
   const int64_t bytes = l.N * l.C * l.HW * int64_t(sizeof(T));
   if (setting < 0 && bytes > kFusedBwdMaxBytes) return false;
-  if (!bwd_cooperative_ok(device)) return false;
+  if (!cooperative_ok(device)) return false;
   const T* xa = x;
   const T* ga = g;
   T* dxa = dx;
@@ -635,7 +607,7 @@ bool launch_fused_backward(const Layout& l, const T* x, const T* g, T* dx,
     f.splits = gr.splits;
     int64_t R = l.N * l.HW;
     void* args[] = {&xa, &ga, &dxa, &f, &wsp, &cp, &R, &C, &relu, &need_x};
-    return bwd_launch_cooperative(reinterpret_cast<const void*>(bn_bwd_fused_nhwc<T, V>),
+    return launch_cooperative(reinterpret_cast<const void*>(bn_bwd_fused_nhwc<T, V>),
                                   gr.grid, gr.block, args, smem, stream);
   }
   const int per_sm = blocks_per_sm(bn_bwd_fused_nchw<T, V>, 0);
@@ -649,7 +621,7 @@ bool launch_fused_backward(const Layout& l, const T* x, const T* g, T* dx,
   f.splits = splits;
   int64_t N = l.N, HW = l.HW;
   void* args[] = {&xa, &ga, &dxa, &f, &wsp, &N, &C, &HW, &relu, &need_x};
-  return bwd_launch_cooperative(reinterpret_cast<const void*>(bn_bwd_fused_nchw<T, V>),
+  return launch_cooperative(reinterpret_cast<const void*>(bn_bwd_fused_nchw<T, V>),
                                 dim3(static_cast<unsigned>(blocks)), dim3(kThreads), args, 0,
                                 stream);
 }
@@ -662,18 +634,6 @@ bool launch_fused_backward(const Layout& l, const T* x, const T* g, T* dx,
 // whose x plus grad_out fit kBwdSingleReadMaxBytes and at least one channel per SM.
 constexpr int kBwdSingleReadThreads = 512;
 constexpr int64_t kBwdSingleReadMaxBytes = int64_t(112) << 10;
-
-template <typename A>
-__device__ __forceinline__ A bwd_block_sum(A v, A* red) {
-  v = warp_sum(v);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();  // red may still be read from the previous call
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  const int nw = blockDim.x >> 5;
-  const A t = lane < nw ? red[lane] : A(0);
-  return __shfl_sync(0xffffffffu, warp_sum(t), 0);  // every thread gets the block's sum
-}
 
 template <typename T, int V>
 __global__ void __launch_bounds__(kBwdSingleReadThreads, 2)
@@ -723,9 +683,9 @@ __global__ void __launch_bounds__(kBwdSingleReadThreads, 2)
       }
     }
   }
-  sg = bwd_block_sum(sg, red);
-  sgc = bwd_block_sum(sgc, red);
-  sc = bwd_block_sum(sc, red);
+  sg = block_sum(sg, red);
+  sgc = block_sum(sgc, red);
+  sc = block_sum(sc, red);
   if (threadIdx.x == 0) finish_bwd_channel(f, c, sg, sgc, sc, true, coef);
   __syncthreads();
   const A mean = coef[0], a = coef[1], B = coef[2], D = coef[3], e = coef[4];
@@ -748,21 +708,12 @@ __global__ void __launch_bounds__(kBwdSingleReadThreads, 2)
   }
 }
 
-inline int bwd_singleread_setting() {
-  static const int v = [] {
-    const char* e = std::getenv("CUDADOCTOR_OPS_BN_SINGLEREAD");
-    if (e == nullptr || *e == '\0') return -1;
-    return e[0] == '0' ? 0 : 1;
-  }();
-  return v;
-}
-
 // Tries the single-read contiguous backward; false when it does not apply.
 template <typename T, int V>
 bool launch_bwd_singleread_nchw(const Layout& l, const T* x, const T* g, T* dx,
                                 const BwdArgs<typename Acc<T>::type>& f, bool relu, int device,
                                 cudaStream_t stream) {
-  const int setting = bwd_singleread_setting();
+  const int setting = singleread_setting();
   if (setting == 0 || l.nhwc) return false;
   const int64_t bytes = 2 * l.N * l.HW * int64_t(sizeof(T));
   if (bytes > kBwdSingleReadMaxBytes || bytes == 0) return false;
@@ -775,15 +726,7 @@ bool launch_bwd_singleread_nchw(const Layout& l, const T* x, const T* g, T* dx,
                                         static_cast<int>(kBwdSingleReadMaxBytes)));
     attr_set[device] = true;
   }
-  // channels of up to 16384 values: 256 threads (more channels in flight per SM), as the forward;
-  // CUDADOCTOR_OPS_BN_SR_THREADS=256/512 fixes it
-  static const int fixed_threads = [] {
-    const char* e = std::getenv("CUDADOCTOR_OPS_BN_SR_THREADS");
-    const int t = e ? std::atoi(e) : 0;
-    return (t == 256 || t == 512) ? t : 0;
-  }();
-  const int threads =
-      fixed_threads ? fixed_threads : (l.N * l.HW > 16384 ? kBwdSingleReadThreads : 256);
+  const int threads = singleread_threads(l.N * l.HW);
   bn_bwd_singleread_nchw<T, V><<<static_cast<unsigned>(l.C), threads, size_t(bytes), stream>>>(
       x, g, dx, f, l.N, l.C, l.HW, relu);
   C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -169,7 +169,70 @@ struct NchwWalk {
   }
 };
 
+// Sum over the block (1-D, at most 32 warps), returned to every thread; red: one slot per warp.
+template <typename A>
+__device__ __forceinline__ A block_sum(A v, A* red) {
+  v = warp_sum(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();  // red may still be read from the previous call
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  const int nw = blockDim.x >> 5;
+  const A t = lane < nw ? red[lane] : A(0);
+  return __shfl_sync(0xffffffffu, warp_sum(t), 0);
+}
+
 // ---- host helpers ----
+
+// A kernel switch from the environment: -1 unset, 0 for a value starting with '0', else 1.
+inline int env_switch(const char* name) {
+  const char* e = std::getenv(name);
+  if (e == nullptr || *e == '\0') return -1;
+  return e[0] == '0' ? 0 : 1;
+}
+
+// CUDADOCTOR_OPS_BN_SINGLEREAD (single-read contiguous forward and backward), read once.
+inline int singleread_setting() {
+  static const int v = env_switch("CUDADOCTOR_OPS_BN_SINGLEREAD");
+  return v;
+}
+
+// Block size of the single-read kernels for channels of `values` values: 256 up to 16384 (more
+// channels in flight per SM; on the H200 512 threads cost (64,512,7,7) and (64,2048,7,7) float32
+// 30-40%), else 512. CUDADOCTOR_OPS_BN_SR_THREADS=256/512 fixes it (read once).
+inline int singleread_threads(int64_t values) {
+  static const int fixed = [] {
+    const char* e = std::getenv("CUDADOCTOR_OPS_BN_SR_THREADS");
+    const int t = e ? std::atoi(e) : 0;
+    return (t == 256 || t == 512) ? t : 0;
+  }();
+  return fixed ? fixed : (values > 16384 ? 512 : 256);
+}
+
+// Whether the device supports cooperative launches (cached per device).
+inline bool cooperative_ok(int device) {
+  static int cached[64] = {0};  // 0 unknown, 1 yes, 2 no
+  if (device >= 0 && device < 64 && cached[device] != 0) return cached[device] == 1;
+  int v = 0;
+  if (cudaDeviceGetAttribute(&v, cudaDevAttrCooperativeLaunch, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    v = 0;
+  }
+  if (device >= 0 && device < 64) cached[device] = v ? 1 : 2;
+  return v != 0;
+}
+
+// cudaLaunchCooperativeKernel; false (error cleared) when the grid cannot be resident at once.
+inline bool launch_cooperative(const void* kernel, dim3 grid, dim3 block, void** args,
+                               size_t smem, cudaStream_t stream) {
+  const cudaError_t err = cudaLaunchCooperativeKernel(kernel, grid, block, args, smem, stream);
+  if (err == cudaErrorCooperativeLaunchTooLarge) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  C10_CUDA_CHECK(err);
+  return true;
+}
 
 inline int sm_count(int device) {
   static int cached[64] = {0};

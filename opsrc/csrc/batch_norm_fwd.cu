@@ -741,18 +741,6 @@ __global__ void __launch_bounds__(kThreads)
 constexpr int kSingleReadThreads = 512;
 constexpr int64_t kSingleReadMaxBytes = int64_t(112) << 10;
 
-template <typename A>
-__device__ __forceinline__ A block_sum_sr(A v, A* red) {
-  v = warp_sum(v);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();  // red may still be read from the previous call
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  const int nw = blockDim.x >> 5;
-  A t = lane < nw ? red[lane] : A(0);
-  return __shfl_sync(0xffffffffu, warp_sum(t), 0);  // every thread gets the block's sum
-}
-
 template <typename T, int V>
 __global__ void __launch_bounds__(kSingleReadThreads, 2)
     bn_singleread_nchw(const T* __restrict__ x, T* __restrict__ y,
@@ -790,7 +778,7 @@ __global__ void __launch_bounds__(kSingleReadThreads, 2)
     }
   }
   const A n = static_cast<A>(packs * V);
-  const A ms = block_sum_sr(sum, red) / n;  // mean of x - K (every thread; s is complete too)
+  const A ms = block_sum(sum, red) / n;  // mean of x - K (every thread; s is complete too)
   A sq = 0;
   for (int64_t k = threadIdx.x; k < packs; k += stride) {
     const Pack<T, V> p = *reinterpret_cast<const Pack<T, V>*>(s + k * V);
@@ -800,7 +788,7 @@ __global__ void __launch_bounds__(kSingleReadThreads, 2)
       sq += d * d;
     }
   }
-  const A m2 = block_sum_sr(sq, red);
+  const A m2 = block_sum(sq, red);
   if (threadIdx.x == 0) {
     A Kc, a, b;
     finish_channel(x, c, f, ms, m2, n, true, Kc, a, b);
@@ -825,15 +813,6 @@ __global__ void __launch_bounds__(kSingleReadThreads, 2)
   }
 }
 
-inline int singleread_setting() {
-  static const int v = [] {
-    const char* e = std::getenv("CUDADOCTOR_OPS_BN_SINGLEREAD");
-    if (e == nullptr || *e == '\0') return -1;
-    return e[0] == '0' ? 0 : 1;
-  }();
-  return v;
-}
-
 // Tries the single-read contiguous training forward; false when it does not apply.
 template <typename T, int V>
 bool launch_singleread_nchw(const Layout& l, const T* x, T* y, const FwdArgs<typename Acc<T>::type>& f,
@@ -852,17 +831,7 @@ bool launch_singleread_nchw(const Layout& l, const T* x, T* y, const FwdArgs<typ
                                         static_cast<int>(kSingleReadMaxBytes)));
     attr_set[device] = true;
   }
-  // small channels: 256 threads, so that more blocks (channels) are in flight per SM to overlap
-  // one block's reductions with another's loads; CUDADOCTOR_OPS_BN_SR_THREADS=256/512 fixes it
-  static const int fixed_threads = [] {
-    const char* e = std::getenv("CUDADOCTOR_OPS_BN_SR_THREADS");
-    const int t = e ? std::atoi(e) : 0;
-    return (t == 256 || t == 512) ? t : 0;
-  }();
-  const int64_t packs = l.N * (l.HW / V);
-  // (by values: on the H200, 512 threads cost (64,512,7,7) and (64,2048,7,7) float32 30-40%)
-  const int threads =
-      fixed_threads ? fixed_threads : (l.N * l.HW > 16384 ? kSingleReadThreads : 256);
+  const int threads = singleread_threads(l.N * l.HW);
   bn_singleread_nchw<T, V><<<static_cast<unsigned>(l.C), threads, size_t(bytes), stream>>>(
       x, y, f, l.N, l.C, l.HW, relu);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -872,12 +841,6 @@ bool launch_singleread_nchw(const Layout& l, const T* x, T* y, const FwdArgs<typ
 // Whether a training forward runs as one cooperative kernel: below a size where the tensor stays
 // in L2 between its phases. CUDADOCTOR_OPS_BN_FUSED (channels_last) and
 // CUDADOCTOR_OPS_BN_FUSED_NCHW (contiguous) = 0 / 1 force it off / on (read once).
-inline int env_switch(const char* name) {
-  const char* e = std::getenv(name);
-  if (e == nullptr || *e == '\0') return -1;
-  return e[0] == '0' ? 0 : 1;
-}
-
 inline int fused_nhwc_setting() {
   static const int v = env_switch("CUDADOCTOR_OPS_BN_FUSED");
   return v;
@@ -889,30 +852,6 @@ inline int fused_nchw_setting() {
 }
 
 constexpr int64_t kFusedMaxBytes = int64_t(32) << 20;
-
-inline bool cooperative_ok(int device) {
-  static int cached[64] = {0};  // 0 unknown, 1 yes, 2 no
-  if (device >= 0 && device < 64 && cached[device] != 0) return cached[device] == 1;
-  int v = 0;
-  if (cudaDeviceGetAttribute(&v, cudaDevAttrCooperativeLaunch, device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    v = 0;
-  }
-  if (device >= 0 && device < 64) cached[device] = v ? 1 : 2;
-  return v != 0;
-}
-
-// cudaLaunchCooperativeKernel; false (error cleared) when the grid cannot be resident at once.
-inline bool launch_cooperative(const void* kernel, dim3 grid, dim3 block, void** args,
-                               size_t smem, cudaStream_t stream) {
-  const cudaError_t err = cudaLaunchCooperativeKernel(kernel, grid, block, args, smem, stream);
-  if (err == cudaErrorCooperativeLaunchTooLarge) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  C10_CUDA_CHECK(err);
-  return true;
-}
 
 // CUDADOCTOR_OPS_BN_NHWC_PERSIST=0 makes the one-launch channels-last forward run bn_fused_nhwc
 // (reads x twice) instead of bn_persist_nhwc wherever the latter applies (read once).
