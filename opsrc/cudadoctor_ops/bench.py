@@ -1,11 +1,14 @@
 """Benchmarks of the cudadoctor_ops kernels against torch, measured in the same run.
 
-    python -m cudadoctor_ops.bench batch_norm [--quick] [--json]
+    python -m cudadoctor_ops.bench batch_norm [--quick] [--graph] [--json]
 
 Per case: our time, torch's time, the ratio (torch / ours, > 1 means faster), the achieved
 bandwidth under a byte model, and that bandwidth as a share of the device-to-device copy
 bandwidth measured at the start of the run. Times are medians of triton.testing.do_bench when
 triton is importable, else medians of CUDA-event timings with an L2 flush before each rep.
+Host time per call shows in these numbers once it exceeds the flush; ``--graph`` adds, for
+BatchNorm's training forward and backward, the same calls replayed from CUDA graphs (GPU time
+only) as rows of their own ("train fwd (graph)", "backward (graph)") with the same targets.
 
 Other ops add a section: a function ``(args) -> list[Row]`` in SECTIONS, or a module
 ``cudadoctor_ops.<name>`` exposing ``bench_rows(args, timer, copy_tbps)``.
@@ -181,6 +184,20 @@ def bench_batch_norm(args, timer: Timer, copy_tbps: float) -> list[Row]:
             row = Row("batch_norm", kind, shape, dt, layout, timer(ours), timer(theirs), mult * size, tr, tc)
             rows.append(row.finish(copy_tbps))
             _progress(rows[-1])
+            if getattr(args, "graph", False) and kind in ("train fwd", "backward"):
+                # the same calls replayed from CUDA graphs: GPU time without the host time that
+                # the flush does not hide (the small-tensor backward rows are host-bound)
+                from .bench_cbr import graph_ms
+
+                errors: list = []
+                g_ours, g_theirs = graph_ms(timer, ours, errors), graph_ms(timer, theirs, errors)
+                if g_ours is None or g_theirs is None:
+                    print(f"  batch_norm {kind} {_fmt_shape(shape)} {dt} {layout}: graph capture failed: "
+                          f"{'; '.join(errors)}", file=sys.stderr, flush=True)
+                else:
+                    grow = Row("batch_norm", kind + " (graph)", shape, dt, layout, g_ours, g_theirs, mult * size, tr, tc)
+                    rows.append(grow.finish(copy_tbps))
+                    _progress(rows[-1])
 
         add(
             "train fwd",
@@ -270,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print rows as JSON instead of a table")
     parser.add_argument("--json-out", metavar="PATH", help="also write the rows as JSON to PATH")
     parser.add_argument("--quick", action="store_true", help="only the reference-table shapes")
+    parser.add_argument("--graph", action="store_true",
+                        help="batch_norm: also time train fwd and backward as CUDA-graph replays (GPU time only)")
     parser.add_argument("--rep-ms", type=float, default=60, help="measuring time per timing (ms)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
