@@ -14,15 +14,14 @@ import torch
 import torch.nn.functional as F
 
 import cudadoctor_ops as ops
+from gpu_profile import bn_tensors, dw_tensors  # scripts/ is sys.path[0] when run as a script
 
 
 def cases(parts):
     out = []
     if "dw" in parts:
         for n, c, h, w, k, s in [(64, 672, 14, 14, 5, 1), (64, 960, 7, 7, 3, 1), (64, 144, 56, 56, 3, 1)]:
-            x = torch.randn(n, c, h, w, device="cuda", dtype=torch.float16).contiguous(
-                memory_format=torch.channels_last)
-            wt = torch.randn(c, 1, k, k, device="cuda", dtype=torch.float16)
+            x, wt = dw_tensors(n, c, h, w, k, torch.float16, True)
             p = k // 2
             out.append((f"dw {(n, c, h, w)} k{k} s{s} fp16 nhwc ours",
                         lambda x=x, wt=wt, s=s, p=p: ops.depthwise_conv2d(x, wt, None, s, p)))
@@ -31,12 +30,7 @@ def cases(parts):
     if "bn" in parts:
         for shape, dt, cl in [((64, 512, 7, 7), torch.float16, True), ((32, 256, 28, 28), torch.float32, False),
                               ((64, 2048, 7, 7), torch.float32, False)]:
-            x = torch.randn(shape, device="cuda", dtype=dt)
-            if cl:
-                x = x.contiguous(memory_format=torch.channels_last)
-            c = shape[1]
-            w, b = torch.rand(c, device="cuda") + 0.5, torch.randn(c, device="cuda")
-            rm, rv = torch.zeros(c, device="cuda"), torch.ones(c, device="cuda")
+            x, w, b, rm, rv = bn_tensors(shape, dt, cl)
             tag = f"bn {shape} {dt} {'nhwc' if cl else 'nchw'} train fwd"
             out.append((tag + " ours", lambda x=x, rm=rm, rv=rv, w=w, b=b: ops.batch_norm(x, rm, rv, w, b, True)))
             out.append((tag + " torch", lambda x=x, rm=rm, rv=rv, w=w, b=b: F.batch_norm(x, rm, rv, w, b, True)))

@@ -76,16 +76,29 @@ def show(name: str, ours, theirs) -> None:
             print(f"  {side}: {type(exc).__name__}: {exc}")
 
 
+def bn_tensors(shape, dtype, channels_last):
+    """(x, weight, bias, running_mean, running_var) of one BatchNorm case, float32 parameters."""
+    x = torch.randn(shape, device="cuda", dtype=dtype)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    c = shape[1]
+    w, b = torch.rand(c, device="cuda") + 0.5, torch.randn(c, device="cuda")
+    rm, rv = torch.zeros(c, device="cuda"), torch.ones(c, device="cuda")
+    return x, w, b, rm, rv
+
+
+def dw_tensors(n, c, h, w, k, dtype, channels_last):
+    """(x, weight) of one depthwise case: [n, c, h, w] input, [c, 1, k, k] weight."""
+    mf = torch.channels_last if channels_last else torch.contiguous_format
+    x = torch.randn(n, c, h, w, device="cuda", dtype=dtype).contiguous(memory_format=mf)
+    return x, torch.randn(c, 1, k, k, device="cuda", dtype=dtype)
+
+
 def bn() -> None:
     for shape, dt, cl in [((64, 256, 14, 14), torch.float16, True), ((64, 2048, 7, 7), torch.float32, False),
                           ((32, 256, 28, 28), torch.float32, False), ((256, 64, 56, 56), torch.float16, True),
                           ((64, 512, 28, 28), torch.float32, False)]:
-        x = torch.randn(shape, device="cuda", dtype=dt)
-        if cl:
-            x = x.contiguous(memory_format=torch.channels_last)
-        c = shape[1]
-        w, b = torch.rand(c, device="cuda") + 0.5, torch.randn(c, device="cuda")
-        rm, rv = torch.zeros(c, device="cuda"), torch.ones(c, device="cuda")
+        x, w, b, rm, rv = bn_tensors(shape, dt, cl)
         tag = f"BN {shape} {dt} {'nhwc' if cl else 'nchw'}"
         show(tag + " train fwd", lambda: ops.batch_norm(x, rm, rv, w, b, True, 0.1, 1e-5),
              lambda: F.batch_norm(x, rm, rv, w, b, True, 0.1, 1e-5))
@@ -136,9 +149,7 @@ def dw() -> None:
                                       (64, 1152, 7, 7, 5, 1, torch.float16, True),
                                       (64, 240, 28, 28, 5, 1, torch.float16, True),
                                       (1, 64, 128, 128, 3, 1, torch.float32, False)]:
-        mf = torch.channels_last if cl else torch.contiguous_format
-        x = torch.randn(n, c, h, w_, device="cuda", dtype=dt).contiguous(memory_format=mf)
-        wt = torch.randn(c, 1, k, k, device="cuda", dtype=dt)
+        x, wt = dw_tensors(n, c, h, w_, k, dt, cl)
         p = k // 2
         tag = f"DW {(n, c, h, w_)} k{k} s{s} {dt} {'nhwc' if cl else 'nchw'}"
         show(tag + " fwd", lambda: ops.depthwise_conv2d(x, wt, None, s, p),

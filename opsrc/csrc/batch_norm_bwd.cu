@@ -504,14 +504,10 @@ __global__ void __launch_bounds__(kThreads, FusedNhwcMinBlocks<T, V>::value)
                               f.wkind, f.bias, f.bkind, relu, reinterpret_cast<A*>(smem_raw));
   grid.sync();
   {
-    // channel finishing: one warp per channel over the whole grid (blocks are 2-D, so the lane
-    // is taken from the linear thread index, not threadIdx.x)
-    const int tid = threadIdx.y * blockDim.x + threadIdx.x;
-    const int lane = tid & 31;
-    const int warps_per_block = (blockDim.x * blockDim.y) >> 5;
-    const int64_t block = int64_t(blockIdx.y) * gridDim.x + blockIdx.x;
-    const int64_t nwarps = int64_t(gridDim.x) * gridDim.y * warps_per_block;
-    for (int64_t c = block * warps_per_block + (tid >> 5); c < C; c += nwarps) {
+    // channel finishing: one warp per channel over the whole grid
+    const GridWarps gw = grid_warps();
+    const int lane = gw.lane;
+    for (int64_t c = gw.first; c < C; c += gw.stride) {
       A sg, sgc, sc;
       warp_sum_partials(f, c, lane, sg, sgc, sc);
       if (lane == 0) finish_bwd_channel(f, c, sg, sgc, sc, true, coef + c * 5);

@@ -182,6 +182,26 @@ __device__ __forceinline__ A block_sum(A v, A* red) {
   return __shfl_sync(0xffffffffu, warp_sum(t), 0);
 }
 
+// The warps of the whole grid taking one channel each in turn (the channel-finishing phase of the
+// one-launch kernels): the calling thread's lane (from the linear thread index: blocks may be
+// 2-D), its warp's first channel and the stride over channels.
+struct GridWarps {
+  int lane;
+  int64_t first;
+  int64_t stride;
+};
+
+__device__ __forceinline__ GridWarps grid_warps() {
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  const int warps_per_block = (blockDim.x * blockDim.y) >> 5;
+  const int64_t block = int64_t(blockIdx.y) * gridDim.x + blockIdx.x;
+  GridWarps g;
+  g.lane = tid & 31;
+  g.first = block * warps_per_block + (tid >> 5);
+  g.stride = int64_t(gridDim.x) * gridDim.y * warps_per_block;
+  return g;
+}
+
 // ---- host helpers ----
 
 // A kernel switch from the environment: -1 unset, 0 for a value starting with '0', else 1.

@@ -113,6 +113,64 @@ __global__ void __launch_bounds__(kThreads)
   stats_nchw_item<T, V>(x, ws, N, C, HW, blockIdx.x, blockIdx.y, gridDim.y);
 }
 
+// One row's pack of V channels into a thread's per-channel Welford states (values shifted by K;
+// the channels share the count n).
+template <typename A, typename T, int V>
+__device__ __forceinline__ void welford_row(const Pack<T, V>& p, const A (&K)[V], A (&mean)[V],
+                                            A (&m2)[V], A& n) {
+  n += A(1);
+  const A f = fast_div(A(1), n);
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    const A v = static_cast<A>(p.v[i]) - K[i];
+    const A d = v - mean[i];
+    mean[i] += d * f;
+    m2[i] += d * (v - mean[i]);
+  }
+}
+
+// Tree merge of the threads' Welford states over threadIdx.y through sm (TY * TX * V * 3
+// accumulators); row 0 then writes the block's partials ws [C, splits, 3] for the V channels of
+// pack cv (when active).
+template <typename A, int V>
+__device__ __forceinline__ void merge_rows_to_partials(A* sm, const A (&mean)[V],
+                                                       const A (&m2)[V], A n, bool active,
+                                                       A* __restrict__ ws, int64_t cv,
+                                                       int splits) {
+  const int tx = threadIdx.x, TX = blockDim.x;
+  auto slot = [&](int ty, int i, int k) -> A& { return sm[((ty * TX + tx) * V + i) * 3 + k]; };
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    slot(threadIdx.y, i, 0) = mean[i];
+    slot(threadIdx.y, i, 1) = m2[i];
+    slot(threadIdx.y, i, 2) = n;
+  }
+  __syncthreads();
+  for (int s = blockDim.y >> 1; s > 0; s >>= 1) {
+    if (threadIdx.y < s) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        A a0 = slot(threadIdx.y, i, 0), a1 = slot(threadIdx.y, i, 1), a2 = slot(threadIdx.y, i, 2);
+        welford_merge(a0, a1, a2, slot(threadIdx.y + s, i, 0), slot(threadIdx.y + s, i, 1),
+                      slot(threadIdx.y + s, i, 2));
+        slot(threadIdx.y, i, 0) = a0;
+        slot(threadIdx.y, i, 1) = a1;
+        slot(threadIdx.y, i, 2) = a2;
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.y == 0 && active) {
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      A* o = ws + ((cv * V + i) * splits + blockIdx.y) * 3;
+      o[0] = slot(0, i, 0);
+      o[1] = slot(0, i, 1);
+      o[2] = slot(0, i, 2);
+    }
+  }
+}
+
 // x: [R, C] rows, C contiguous, packs of V channels. block (TX, TY), grid (ceil(C/V/TX), splits).
 // ws: [C, splits, 3] as above. sm: TY * TX * V * 3 accumulators (dynamic shared memory).
 template <typename T, int V>
@@ -146,54 +204,11 @@ __device__ __forceinline__ void stats_nhwc_block(const T* __restrict__ x,
         if (r + u * rstride < R)
           p[u] = *reinterpret_cast<const Pack<T, V>*>(x + (r + u * rstride) * C + cv * V);
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (r + u * rstride < R) {
-          n += A(1);
-          const A f = fast_div(A(1), n);
-#pragma unroll
-          for (int i = 0; i < V; ++i) {
-            const A v = static_cast<A>(p[u].v[i]) - K[i];
-            const A d = v - mean[i];
-            mean[i] += d * f;
-            m2[i] += d * (v - mean[i]);
-          }
-        }
-      }
+      for (int u = 0; u < kUnroll; ++u)
+        if (r + u * rstride < R) welford_row<A, T, V>(p[u], K, mean, m2, n);
     }
   }
-  // tree merge over threadIdx.y
-  const int tx = threadIdx.x, TX = blockDim.x;
-  auto slot = [&](int ty, int i, int k) -> A& { return sm[((ty * TX + tx) * V + i) * 3 + k]; };
-#pragma unroll
-  for (int i = 0; i < V; ++i) {
-    slot(threadIdx.y, i, 0) = mean[i];
-    slot(threadIdx.y, i, 1) = m2[i];
-    slot(threadIdx.y, i, 2) = n;
-  }
-  __syncthreads();
-  for (int s = blockDim.y >> 1; s > 0; s >>= 1) {
-    if (threadIdx.y < s) {
-#pragma unroll
-      for (int i = 0; i < V; ++i) {
-        A a0 = slot(threadIdx.y, i, 0), a1 = slot(threadIdx.y, i, 1), a2 = slot(threadIdx.y, i, 2);
-        welford_merge(a0, a1, a2, slot(threadIdx.y + s, i, 0), slot(threadIdx.y + s, i, 1),
-                      slot(threadIdx.y + s, i, 2));
-        slot(threadIdx.y, i, 0) = a0;
-        slot(threadIdx.y, i, 1) = a1;
-        slot(threadIdx.y, i, 2) = a2;
-      }
-    }
-    __syncthreads();
-  }
-  if (threadIdx.y == 0 && active) {
-#pragma unroll
-    for (int i = 0; i < V; ++i) {
-      A* o = ws + ((cv * V + i) * splits + blockIdx.y) * 3;
-      o[0] = slot(0, i, 0);
-      o[1] = slot(0, i, 1);
-      o[2] = slot(0, i, 2);
-    }
-  }
+  merge_rows_to_partials<A, V>(sm, mean, m2, n, active, ws, cv, splits);
 }
 
 template <typename T, int V>
@@ -453,13 +468,9 @@ __device__ __forceinline__ void persist_finish_channels(const T* __restrict__ x,
                                                         typename Acc<T>::type* coef, int64_t C,
                                                         int splits) {
   using A = typename Acc<T>::type;
-  // blocks are 2-D: the lane comes from the linear thread index
-  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
-  const int lane = tid & 31;
-  const int warps_per_block = (blockDim.x * blockDim.y) >> 5;
-  const int64_t block = int64_t(blockIdx.y) * gridDim.x + blockIdx.x;
-  const int64_t nwarps = int64_t(gridDim.x) * gridDim.y * warps_per_block;
-  for (int64_t c = block * warps_per_block + (tid >> 5); c < C; c += nwarps) {
+  const GridWarps gw = grid_warps();
+  const int lane = gw.lane;
+  for (int64_t c = gw.first; c < C; c += gw.stride) {
     const A* pc = ws + c * splits * 3;
     A ms = 0, m2 = 0, n = 0;
     for (int s0 = lane; s0 < splits; s0 += 32 * kPersistMergeBatch) {
@@ -576,54 +587,10 @@ __global__ void __launch_bounds__(kThreads, PersistMinBlocks<T, MAXR>::value)
 #pragma unroll
       for (int i = 0; i < V; ++i) K[i] = static_cast<A>(k.v[i]);
 #pragma unroll
-      for (int u = 0; u < MAXR; ++u) {
-        if (r0 + u * rstride < R) {
-          n += A(1);
-          const A fn = fast_div(A(1), n);
-#pragma unroll
-          for (int i = 0; i < V; ++i) {
-            const A v = static_cast<A>(p[u].v[i]) - K[i];
-            const A d = v - mean[i];
-            mean[i] += d * fn;
-            m2[i] += d * (v - mean[i]);
-          }
-        }
-      }
+      for (int u = 0; u < MAXR; ++u)
+        if (r0 + u * rstride < R) welford_row<A, T, V>(p[u], K, mean, m2, n);
     }
-    // tree merge over threadIdx.y (as stats_nhwc_block)
-    const int tx = threadIdx.x, TX = blockDim.x;
-    auto slot = [&](int ty, int i, int k) -> A& { return sm[((ty * TX + tx) * V + i) * 3 + k]; };
-#pragma unroll
-    for (int i = 0; i < V; ++i) {
-      slot(threadIdx.y, i, 0) = mean[i];
-      slot(threadIdx.y, i, 1) = m2[i];
-      slot(threadIdx.y, i, 2) = n;
-    }
-    __syncthreads();
-    for (int s = blockDim.y >> 1; s > 0; s >>= 1) {
-      if (threadIdx.y < s) {
-#pragma unroll
-        for (int i = 0; i < V; ++i) {
-          A a0 = slot(threadIdx.y, i, 0), a1 = slot(threadIdx.y, i, 1),
-            a2 = slot(threadIdx.y, i, 2);
-          welford_merge(a0, a1, a2, slot(threadIdx.y + s, i, 0), slot(threadIdx.y + s, i, 1),
-                        slot(threadIdx.y + s, i, 2));
-          slot(threadIdx.y, i, 0) = a0;
-          slot(threadIdx.y, i, 1) = a1;
-          slot(threadIdx.y, i, 2) = a2;
-        }
-      }
-      __syncthreads();
-    }
-    if (threadIdx.y == 0 && active) {
-#pragma unroll
-      for (int i = 0; i < V; ++i) {
-        A* o = ws + ((cv * V + i) * splits + blockIdx.y) * 3;
-        o[0] = slot(0, i, 0);
-        o[1] = slot(0, i, 1);
-        o[2] = slot(0, i, 2);
-      }
-    }
+    merge_rows_to_partials<A, V>(sm, mean, m2, n, active, ws, cv, splits);
   }
   grid.sync();
 
@@ -672,15 +639,11 @@ __global__ void __launch_bounds__(kThreads)
   stats_nhwc_block<T, V>(x, ws, R, C, reinterpret_cast<A*>(smem_raw));
   grid.sync();
   {
-    // channel finishing: one warp per channel over the whole grid (blocks are 2-D, so the lane is
-    // taken from the linear thread index, not threadIdx.x)
-    const int tid = threadIdx.y * blockDim.x + threadIdx.x;
-    const int lane = tid & 31;
-    const int warps_per_block = (blockDim.x * blockDim.y) >> 5;
-    const int64_t block = int64_t(blockIdx.y) * gridDim.x + blockIdx.x;
-    const int64_t nwarps = int64_t(gridDim.x) * gridDim.y * warps_per_block;
+    // channel finishing: one warp per channel over the whole grid
+    const GridWarps gw = grid_warps();
+    const int lane = gw.lane;
     const int splits = gridDim.y;
-    for (int64_t c = block * warps_per_block + (tid >> 5); c < C; c += nwarps) {
+    for (int64_t c = gw.first; c < C; c += gw.stride) {
       A ms = 0, m2 = 0, n = 0;
       for (int s = lane; s < splits; s += 32) {
         const A* p = ws + (c * splits + s) * 3;

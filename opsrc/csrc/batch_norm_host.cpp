@@ -20,6 +20,7 @@
 #include <tuple>
 
 #include "batch_norm.h"
+#include "host_util.h"
 
 namespace cudadoctor_ops {
 namespace bn_host {
@@ -31,8 +32,6 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 using FwdOut = std::tuple<Tensor, Tensor, Tensor, Tensor>;
 using BwdOut = std::tuple<Tensor, Tensor, Tensor>;
-
-bool has(const OptTensor& t) { return t.has_value() && t->defined(); }
 
 const c10::TypedOperatorHandle<FwdOut(const Tensor&, const OptTensor&, const OptTensor&,
                                       const OptTensor&, const OptTensor&, bool, double,

@@ -16,6 +16,8 @@
 #include <tuple>
 #include <vector>
 
+#include "host_util.h"
+
 namespace cudadoctor_ops {
 namespace cbr_host {
 namespace {
@@ -25,8 +27,6 @@ using OptTensor = std::optional<Tensor>;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 using TrainOut = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
-
-bool has(const OptTensor& t) { return t.has_value() && t->defined(); }
 
 const c10::TypedOperatorHandle<TrainOut(const Tensor&, const Tensor&, const OptTensor&,
                                         const OptTensor&, const OptTensor&, double,
@@ -77,8 +77,6 @@ update_op() {
                                    const Tensor&, const Tensor&, double, double, int64_t)>();
   return op;
 }
-
-std::vector<int64_t> vec(at::IntArrayRef v) { return std::vector<int64_t>(v.begin(), v.end()); }
 
 // ---------------------------------------------------------------- autograd
 

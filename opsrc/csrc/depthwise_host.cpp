@@ -9,6 +9,8 @@
 #include <tuple>
 #include <vector>
 
+#include "host_util.h"
+
 namespace cudadoctor_ops {
 namespace dw_host {
 namespace {
@@ -17,8 +19,6 @@ using at::Tensor;
 using OptTensor = std::optional<Tensor>;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-bool has(const OptTensor& t) { return t.has_value() && t->defined(); }
 
 const c10::TypedOperatorHandle<Tensor(const Tensor&, const Tensor&, const OptTensor&,
                                       at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, int64_t)>&
@@ -54,8 +54,6 @@ backward_weight_op() {
                                             bool, int64_t)>();
   return op;
 }
-
-std::vector<int64_t> vec(at::IntArrayRef v) { return std::vector<int64_t>(v.begin(), v.end()); }
 
 struct DepthwiseFn : public torch::autograd::Function<DepthwiseFn> {
   static variable_list forward(AutogradContext* ctx, const Tensor& input, const Tensor& weight,
