@@ -410,10 +410,24 @@ at::Tensor backward_input_cuda(const at::Tensor& grad_out_, const at::Tensor& in
     s.S = 1;
     s.PH = static_cast<int>(g.KH - 1 - g.PH);
     s.PW = static_cast<int>(g.KW - 1 - g.PW);
-    const bool ok = cl ? launch_fwd_nhwc(dt, gout.data_ptr(), weight.data_ptr(), nullptr,
-                                         gin.data_ptr(), s, true, stream)
-                       : launch_fwd_nchw(dt, gout.data_ptr(), weight.data_ptr(), nullptr,
-                                         gin.data_ptr(), s, true, stream);
+    // The forward's kernel choice (the current fast kernels; impl=tiled_v1 the first-generation
+    // ones, impl=v2 / nhwc_v3 those generations) on dY with the flipped filter.
+    const void* gp = gout.data_ptr();
+    const void* wp = weight.data_ptr();
+    void* xp = gin.data_ptr();
+    bool ok = false;
+    if (impl != kImplTiledV1) {
+      if (!cl)
+        ok = launch_fwd_nchw_v2(dt, gp, wp, nullptr, xp, s, true, stream);
+      else if (impl == kImplAuto)
+        ok = launch_fwd_nhwc_v2(dt, gp, wp, nullptr, xp, s, true, stream);
+      else
+        ok = (impl == kImplNhwcV3 && launch_fwd_nhwc_v3(dt, gp, wp, nullptr, xp, s, true, stream)) ||
+             launch_fwd_nhwc_v2_kernel(dt, gp, wp, nullptr, xp, s, true, stream);
+    }
+    if (!ok)
+      ok = cl ? launch_fwd_nhwc(dt, gp, wp, nullptr, xp, s, true, stream)
+              : launch_fwd_nchw(dt, gp, wp, nullptr, xp, s, true, stream);
     if (ok) {
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       return gin;

@@ -1,0 +1,87 @@
+"""Times cuDNN convolutions of the Conv+BN+ReLU benchmark shapes with torch's default algorithm
+choice (cudnn.benchmark=False) and with benchmark-selected algorithms, in one process.
+
+    python scripts/gpu_conv_probe.py [--resnet]
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+
+
+def bench(fn, iters=50):
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=25, rep=iters, return_mode="median")
+
+
+def case(shape, k, dtype, cl, bench_mode):
+    torch.backends.cudnn.benchmark = bench_mode
+    n, c, h, w = shape
+    fmt = torch.channels_last if cl else torch.contiguous_format
+    x = torch.randn(shape, device="cuda", dtype=dtype).to(memory_format=fmt).requires_grad_()
+    wt = torch.randn(k, c, 3, 3, device="cuda", dtype=dtype).to(memory_format=fmt).requires_grad_()
+    y = F.conv2d(x, wt, padding=1)
+    g = torch.randn_like(y)
+    fwd = bench(lambda: F.conv2d(x, wt, padding=1))
+    bwd = bench(lambda: torch.autograd.grad(y, (x, wt), g, retain_graph=True))
+    return fwd, bwd
+
+
+def main() -> int:
+    cases = [
+        ((32, 64, 56, 56), 64, torch.float16, True),
+        ((32, 64, 56, 56), 64, torch.float32, False),
+        ((64, 128, 28, 28), 128, torch.bfloat16, True),
+        ((64, 64, 56, 56), 64, torch.bfloat16, True),
+        ((64, 256, 14, 14), 256, torch.bfloat16, True),
+        ((64, 512, 7, 7), 512, torch.bfloat16, True),
+    ]
+    print(f"{torch.__version__} cudnn {torch.backends.cudnn.version()} tf32 {torch.backends.cudnn.allow_tf32}")
+    print(f"{'shape':22} {'K':>4} {'dtype':9} {'cl':3} {'fwd def':>8} {'fwd bm':>8} {'bwd def':>8} {'bwd bm':>8}")
+    for shape, k, dt, cl in cases:
+        f0, b0 = case(shape, k, dt, cl, False)
+        f1, b1 = case(shape, k, dt, cl, True)
+        print(f"{str(shape):22} {k:4} {str(dt)[6:]:9} {int(cl):3} {f0*1e3:8.1f} {f1*1e3:8.1f} {b0*1e3:8.1f} {b1*1e3:8.1f}  (us)")
+    torch.backends.cudnn.benchmark = False
+    if "--resnet" in sys.argv:
+        import torchvision
+
+        res = {}
+        for mode in (False, True, False, True):
+            torch.backends.cudnn.benchmark = mode
+            torch.manual_seed(0)
+            m = torchvision.models.resnet50().cuda().to(memory_format=torch.channels_last)
+            opt = torch.optim.SGD(m.parameters(), lr=0.01)
+            x = torch.randn(64, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
+            t = torch.randint(0, 1000, (64,), device="cuda")
+
+            def step():
+                with torch.autocast("cuda", torch.bfloat16):
+                    loss = F.cross_entropy(m(x), t)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+
+            for _ in range(8):
+                step()
+            torch.cuda.synchronize()
+            ts = []
+            for _ in range(5):
+                s, e = torch.cuda.Event(True), torch.cuda.Event(True)
+                s.record()
+                for _ in range(10):
+                    step()
+                e.record()
+                torch.cuda.synchronize()
+                ts.append(64 * 10 / (s.elapsed_time(e) / 1e3))
+            res.setdefault(mode, []).append(statistics.median(ts))
+        print(f"ResNet-50 bs64 bf16 channels_last eager img/s: default {res[False]}  benchmark {res[True]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
