@@ -15,11 +15,13 @@
 #             CBR_VARIANTS=1 CBR's v1 NHWC kernels (CUDADOCTOR_OPS_CBR_V1=1); the depthwise bench
 #             times its previous kernels itself
 #   profile   scripts/gpu_profile.py $PROFILE_PARTS (default bn cbr dw; kernel-level breakdown)
+#   kvariants scripts/gpu_variants.py $KV_PARTS (default bn cbr dw dwb): kernel choices (switch
+#             settings) side by side against torch, one child process per setting
 #   ncu       Nsight Compute sections of scripts/gpu_ncu.py $NCU_PARTS (default dw bn), appended
 #             to profile.txt
 # The sections after `build` use the installed wheel, so on a machine still warm from an earlier
-# call they can run alone. Writes at most 8 files to $OUT: summary.txt build.log tests.log
-# smoke.log bench.txt cbr.txt variants.txt profile.txt. Environment: OUT, PYTHON, ARCHS, T_*.
+# call they can run alone. Writes at most 9 files to $OUT: summary.txt build.log tests.log
+# smoke.log bench.txt cbr.txt variants.txt kvariants.txt profile.txt. Environment: OUT, PYTHON, ARCHS, T_*.
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
@@ -88,6 +90,12 @@ section_variants() {
     fi
   } >"$OUT/variants.txt" 2>&1
   say "variants: done"
+}
+
+# kernel choices side by side, one child per switch setting (scripts/gpu_variants.py $KV_PARTS)
+section_kvariants() {
+  lim "${T_KVARIANTS:-240}" "$PY" "$REPO/scripts/gpu_variants.py" ${KV_PARTS:-bn cbr dw dwb} >"$OUT/kvariants.txt" 2>&1
+  say "kvariants: exit $?"
 }
 
 section_profile() {

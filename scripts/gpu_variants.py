@@ -1,0 +1,180 @@
+"""Kernel choices of cudadoctor_ops timed side by side, one child process per environment setting
+(the switches are read once per process), against torch in the same child.
+
+    python scripts/gpu_variants.py [bn] [cbr] [dw] [dwb]
+
+    bn   BatchNorm channels_last training forward (CUDADOCTOR_OPS_BN_NHWC_TILE* settings)
+    cbr  Conv+BN+ReLU training forward and fwd+bwd, channels_last 16-bit (CUDADOCTOR_OPS_CBR_TILE)
+    dw   depthwise channels_last forward (CUDADOCTOR_OPS_DW_V4*, against impl=nhwc_v3 and v2)
+    dwb  depthwise channels_last backward dX + dW (CUDADOCTOR_OPS_DW_WGRAD_V1 / _DGRAD_V1 / _V4)
+
+Each line: the case, then ms per setting and torch's ms, and the ratio torch / ours per setting.
+Timing as the bench (cudadoctor_ops.bench.Timer: triton do_bench medians, L2 flush before each
+call). A setting whose result differs from torch's beyond the bench tolerance is marked "!".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+BN_SHAPES = [(64, 512, 7, 7), (64, 256, 14, 14), (64, 512, 14, 14), (64, 128, 28, 28),
+             (64, 256, 28, 28), (64, 1024, 14, 14), (64, 2048, 7, 7), (64, 64, 56, 56),
+             (64, 128, 56, 56), (256, 64, 56, 56)]
+BN_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_NHWC_TILE": "0"}, {"CUDADOCTOR_OPS_BN_NHWC_TILE_CT": "32"},
+               {"CUDADOCTOR_OPS_BN_NHWC_TILE_CT": "64"}]
+CBR_CASES = [((32, 64, 56, 56), 64, "float16"), ((64, 128, 28, 28), 128, "bfloat16"),
+             ((64, 64, 56, 56), 64, "bfloat16"), ((64, 256, 14, 14), 256, "bfloat16"),
+             ((64, 512, 7, 7), 512, "bfloat16")]
+CBR_SETTINGS = [{}, {"CUDADOCTOR_OPS_CBR_TILE": "0"}]
+DW_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_V4_CFG": "0"}, {"CUDADOCTOR_OPS_DW_V4_CFG": "1"},
+               {"CUDADOCTOR_OPS_DW_V4_CFG": "2"}, {"CUDADOCTOR_OPS_DW_V4": "0"}]
+DWB_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_WGRAD_V1": "1", "CUDADOCTOR_OPS_DW_DGRAD_V1": "1"},
+                {"CUDADOCTOR_OPS_DW_V4": "0"}]
+
+
+def _child(part: str) -> None:
+    import torch
+    import torch.nn.functional as F
+
+    import cudadoctor_ops  # noqa: F401
+    from cudadoctor_ops.bench import Timer
+    from cudadoctor_ops.bench_depthwise import MOBILE_LAYERS
+
+    timer = Timer()
+    ops = torch.ops.cudadoctor_ops
+    out = []
+
+    def err(a, b):
+        a, b = a.float(), b.float()
+        return (a - b).abs().max().item() / max(b.abs().max().item(), 1e-6)
+
+    if part == "bn":
+        for shape in BN_SHAPES:
+            for dt in (torch.float16, torch.bfloat16):
+                x = torch.randn(shape, device="cuda", dtype=dt).to(memory_format=torch.channels_last)
+                c = shape[1]
+                w = torch.rand(c, device="cuda") + 0.5
+                b = torch.randn(c, device="cuda")
+                rm, rv = torch.zeros(c, device="cuda"), torch.ones(c, device="cuda")
+                rm2, rv2 = rm.clone(), rv.clone()
+                ours = lambda: cudadoctor_ops.batch_norm(x, rm, rv, w, b, True, 0.1, 1e-5)  # noqa: E731
+                theirs = lambda: F.batch_norm(x, rm2, rv2, w, b, True, 0.1, 1e-5)  # noqa: E731
+                e = err(ours(), theirs())
+                out.append([f"bn train fwd {shape} {str(dt)[6:]} nhwc", timer(ours), timer(theirs),
+                            e < 2e-2])
+    elif part == "cbr":
+        for shape, k, dts in CBR_CASES:
+            dt = getattr(torch, dts)
+            torch.manual_seed(0)
+            ref = torch.nn.Sequential(torch.nn.Conv2d(shape[1], k, 3, padding=1, bias=False),
+                                      torch.nn.BatchNorm2d(k), torch.nn.ReLU()).cuda()
+            ref = ref.to(dt).to(memory_format=torch.channels_last)
+            fused = cudadoctor_ops.fuse_conv_bn_relu(
+                torch.nn.Sequential(*[m for m in __import__("copy").deepcopy(ref)]))
+            x = torch.randn(shape, device="cuda", dtype=dt).to(memory_format=torch.channels_last)
+            xg = x.clone().requires_grad_()
+            e = err(fused(x), ref(x))
+            out.append([f"cbr train fwd {shape}->{k} {dts} nhwc", timer(lambda: fused(x)),
+                        timer(lambda: ref(x)), e < 2e-2])
+            g = torch.randn_like(ref(x))
+
+            def fb(m):
+                return lambda: m(xg).backward(g)
+
+            out.append([f"cbr fwd+bwd {shape}->{k} {dts} nhwc", timer(fb(fused)), timer(fb(ref)),
+                        e < 2e-2])
+    elif part in ("dw", "dwb"):
+        for _, n, c, h, w_, k, s in MOBILE_LAYERS:
+            for dt in (torch.float16, torch.bfloat16):
+                x = torch.randn(n, c, h, w_, device="cuda", dtype=dt).to(memory_format=torch.channels_last)
+                wt = torch.randn(c, 1, k, k, device="cuda", dtype=dt)
+                p = k // 2
+                st, pd, dl = [s, s], [p, p], [1, 1]
+                ref = F.conv2d(x, wt, None, s, p, 1, c)
+                name = f"dw {'fwd' if part == 'dw' else 'bwd'} k{k}s{s} {(n, c, h, w_)} {str(dt)[6:]}"
+                if part == "dw":
+                    row = [name]
+                    for impl in (0, 3, 4):
+                        f = lambda impl=impl: ops.depthwise_conv2d(x, wt, None, st, pd, dl, impl)  # noqa: E731
+                        row += [timer(f), err(f(), ref) < 2e-2]
+                    row.append(timer(lambda: F.conv2d(x, wt, None, s, p, 1, c)))
+                    out.append(row)
+                else:
+                    g = torch.randn_like(ref)
+
+                    def ours():
+                        gi = ops.depthwise_conv2d_backward_input(g, x, wt, st, pd, dl, 0)
+                        gw, _ = ops.depthwise_conv2d_backward_weight(g, x, wt, st, pd, dl, False, 0)
+                        return gi, gw
+
+                    def theirs():
+                        gi, gw, _ = torch.ops.aten.convolution_backward(
+                            g, x, wt, None, st, pd, dl, False, [0, 0], c, [True, True, False])
+                        return gi, gw
+
+                    a, b = ours(), theirs()
+                    ok = max(err(a[0], b[0]), err(a[1], b[1])) < 2e-2
+                    out.append([name, timer(ours), timer(theirs), ok])
+                del x, wt, ref
+                torch.cuda.empty_cache()
+    print("JSON " + json.dumps(out))
+
+
+def _run(part: str, env: dict) -> list:
+    e = dict(os.environ)
+    e.update(env)
+    p = subprocess.run([sys.executable, __file__, "--child", part], env=e, capture_output=True,
+                       text=True, timeout=600)
+    for line in p.stdout.splitlines():
+        if line.startswith("JSON "):
+            return json.loads(line[5:])
+    print(f"  [{part} {env}] failed (exit {p.returncode}): {p.stderr.strip()[-800:]}")
+    return []
+
+
+def _label(env: dict) -> str:
+    return ",".join(f"{k.replace('CUDADOCTOR_OPS_', '')}={v}" for k, v in env.items()) or "default"
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--child"]:
+        _child(argv[1])
+        return 0
+    parts = argv or ["bn", "cbr", "dw", "dwb"]
+    for part in parts:
+        settings = {"bn": BN_SETTINGS, "cbr": CBR_SETTINGS, "dw": DW_SETTINGS,
+                    "dwb": DWB_SETTINGS}[part]
+        results = [(_label(env), _run(part, env)) for env in settings]
+        results = [(lab, r) for lab, r in results if r]
+        if not results:
+            continue
+        print(f"== {part}: " + " | ".join(lab for lab, _ in results))
+        base = results[0][1]
+        for i in range(len(base)):
+            name = base[i][0]
+            cells = []
+            for lab, r in results:
+                if i >= len(r):
+                    continue
+                row = r[i]
+                if part == "dw":
+                    # auto, nhwc_v3, v2, torch
+                    t = row[7]
+                    cells.append(f"{lab}: auto {row[1]*1e3:.1f}{'' if row[2] else '!'} ({t/row[1]:.2f}x)")
+                    if lab == results[0][0]:
+                        cells.append(f"v3 {row[3]*1e3:.1f}{'' if row[4] else '!'} ({t/row[3]:.2f}x) "
+                                     f"v2 {row[5]*1e3:.1f}{'' if row[6] else '!'} ({t/row[5]:.2f}x) "
+                                     f"torch {t*1e3:.1f}")
+                else:
+                    cells.append(f"{lab}: {row[1]*1e3:.1f}{'' if row[3] else '!'} us "
+                                 f"({row[2]/row[1]:.2f}x of torch {row[2]*1e3:.1f})")
+            print(f"  {name:<44} " + " | ".join(cells))
+        sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
