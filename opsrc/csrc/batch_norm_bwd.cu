@@ -53,6 +53,23 @@ __device__ __forceinline__ A masked(A g, A c, A a, A e, bool relu) {
   return (relu && !(c * a + e > A(0))) ? A(0) : g;
 }
 
+// ReLU gradient from a bit mask instead (Conv+BN+ReLU: bit k of mask byte j is 1 when element
+// 8j + k, in memory order, was > 0 after the forward's ReLU input). The V bits of the pack at
+// element offset `off` (a multiple of V, V a divisor of 8) are the low bits of mask_bits(off).
+template <int V>
+__device__ __forceinline__ unsigned mask_bits(const uint8_t* mask, int64_t off) {
+  static_assert(8 % V == 0, "packs within one mask byte");
+  return static_cast<unsigned>(mask[off >> 3]) >> static_cast<unsigned>(off & 7);
+}
+
+// g for element i of a pack: from the mask bits when there is a mask, else masked().
+template <typename A>
+__device__ __forceinline__ A gate(A g, A c, A a, A e, bool relu, const uint8_t* mask,
+                                  unsigned bits, int i) {
+  if (mask != nullptr) return ((bits >> i) & 1u) ? g : A(0);
+  return masked(g, c, a, e, relu);
+}
+
 // x, dy: [N, C, HW]. The block reduces slice `split` of `splits` of channel c into ws:
 // [C, splits, 3] = (sum g, sum g*c, sum c). kLoop: the caller loops over items with the same
 // shared memory, so the item ends with a block barrier (a one-item kernel leaves it out).
@@ -62,7 +79,7 @@ __device__ __forceinline__ void bwd_reduce_nchw_item(
     int64_t N, int64_t C, int64_t HW, int64_t c, int64_t split, int splits,
     const typename Acc<T>::type* save_mean, const typename Acc<T>::type* save_invstd,
     const typename Acc<T>::type* reserve, const void* weight, int wkind, const void* bias,
-    int bkind, bool relu) {
+    int bkind, bool relu, const uint8_t* mask) {
   using A = typename Acc<T>::type;
   constexpr int U = BwdUnroll<V>::value;
   const int64_t packs = N * (HW / V);
@@ -78,11 +95,14 @@ __device__ __forceinline__ void bwd_reduce_nchw_item(
     NchwWalk w(j, stride, c, C, HW, V);
     for (; j < end; j += U * stride) {
       Pack<T, V> px[U], pg[U];
+      unsigned bits[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
+        bits[u] = 0;
         if (j + u * stride < end) {
           px[u] = *reinterpret_cast<const Pack<T, V>*>(x + w.off);
           pg[u] = *reinterpret_cast<const Pack<T, V>*>(dy + w.off);
+          if (mask != nullptr) bits[u] = mask_bits<V>(mask, w.off);
         }
         w.advance();
       }
@@ -92,7 +112,8 @@ __device__ __forceinline__ void bwd_reduce_nchw_item(
 #pragma unroll
           for (int i = 0; i < V; ++i) {
             const A cx = static_cast<A>(px[u].v[i]) - pre.mean;
-            const A g = masked(static_cast<A>(pg[u].v[i]), cx, pre.a, pre.e, relu);
+            const A g =
+                gate(static_cast<A>(pg[u].v[i]), cx, pre.a, pre.e, relu, mask, bits[u], i);
             sg += g;
             sgc += g * cx;
             sc += cx;
@@ -135,10 +156,10 @@ __global__ void __launch_bounds__(kThreads, 2)
                        const typename Acc<T>::type* save_mean,
                        const typename Acc<T>::type* save_invstd,
                        const typename Acc<T>::type* reserve, const void* weight, int wkind,
-                       const void* bias, int bkind, bool relu) {
+                       const void* bias, int bkind, bool relu, const uint8_t* mask) {
   bwd_reduce_nchw_item<T, V, false>(x, dy, ws, N, C, HW, blockIdx.x, blockIdx.y, gridDim.y,
                                     save_mean, save_invstd, reserve, weight, wkind, bias, bkind,
-                                    relu);
+                                    relu, mask);
 }
 
 // x, dy: [R, C]; block (TX, TY), grid (ceil(C/V/TX), splits). The block reduces its channels
@@ -149,7 +170,7 @@ __device__ __forceinline__ void bwd_reduce_nhwc_block(
     const T* __restrict__ x, const T* __restrict__ dy, typename Acc<T>::type* __restrict__ ws,
     int64_t R, int64_t C, const typename Acc<T>::type* save_mean,
     const typename Acc<T>::type* save_invstd, const typename Acc<T>::type* reserve,
-    const void* weight, int wkind, const void* bias, int bkind, bool relu,
+    const void* weight, int wkind, const void* bias, int bkind, bool relu, const uint8_t* mask,
     typename Acc<T>::type* sm) {
   using A = typename Acc<T>::type;
   constexpr int U = BwdUnroll<V>::value;
@@ -180,12 +201,15 @@ __device__ __forceinline__ void bwd_reduce_nhwc_block(
     for (int64_t r = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; r < R;
          r += U * rstride) {
       Pack<T, V> px[U], pg[U];
+      unsigned bits[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
+        bits[u] = 0;
         if (r + u * rstride < R) {
           const int64_t off = (r + u * rstride) * C + cv * V;
           px[u] = *reinterpret_cast<const Pack<T, V>*>(x + off);
           pg[u] = *reinterpret_cast<const Pack<T, V>*>(dy + off);
+          if (mask != nullptr) bits[u] = mask_bits<V>(mask, off);
         }
       }
 #pragma unroll
@@ -194,7 +218,7 @@ __device__ __forceinline__ void bwd_reduce_nhwc_block(
 #pragma unroll
           for (int i = 0; i < V; ++i) {
             const A cx = static_cast<A>(px[u].v[i]) - mean[i];
-            const A g = masked(static_cast<A>(pg[u].v[i]), cx, a[i], e[i], relu);
+            const A g = gate(static_cast<A>(pg[u].v[i]), cx, a[i], e[i], relu, mask, bits[u], i);
             sg[i] += g;
             sgc[i] += g * cx;
             sc[i] += cx;
@@ -240,10 +264,10 @@ __global__ void __launch_bounds__(kThreads, 2)
                        const typename Acc<T>::type* save_mean,
                        const typename Acc<T>::type* save_invstd,
                        const typename Acc<T>::type* reserve, const void* weight, int wkind,
-                       const void* bias, int bkind, bool relu) {
+                       const void* bias, int bkind, bool relu, const uint8_t* mask) {
   extern __shared__ unsigned char smem_raw[];
   bwd_reduce_nhwc_block<T, V>(x, dy, ws, R, C, save_mean, save_invstd, reserve, weight, wkind,
-                              bias, bkind, relu,
+                              bias, bkind, relu, mask,
                               reinterpret_cast<typename Acc<T>::type*>(smem_raw));
 }
 
@@ -267,6 +291,7 @@ struct BwdArgs {
   int gwkind;
   void* grad_bias;
   int gbkind;
+  const uint8_t* mask;  // ReLU gradient from these bits instead of `relu` (null: none)
 };
 
 // Lane 0 of the calling warp gets channel c's (sum g, sum g*c, sum c); `lane` is the caller's
@@ -361,12 +386,15 @@ __device__ __forceinline__ void bwd_apply_nchw_item(const T* __restrict__ x,
     for (; j >= begin; j -= U * stride) {
       Pack<T, V> px[U], pg[U];
       int64_t off[U];
+      unsigned bits[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         off[u] = w.off;
+        bits[u] = 0;
         if (j - u * stride >= begin) {
           if (need_x) px[u] = *reinterpret_cast<const Pack<T, V>*>(x + w.off);
           pg[u] = *reinterpret_cast<const Pack<T, V>*>(dy + w.off);
+          if (f.mask != nullptr) bits[u] = mask_bits<V>(f.mask, w.off);
         }
         w.retreat();
       }
@@ -377,7 +405,7 @@ __device__ __forceinline__ void bwd_apply_nchw_item(const T* __restrict__ x,
 #pragma unroll
           for (int i = 0; i < V; ++i) {
             const A cx = need_x ? static_cast<A>(px[u].v[i]) - mean : A(0);
-            const A g = masked(static_cast<A>(pg[u].v[i]), cx, a, e, relu);
+            const A g = gate(static_cast<A>(pg[u].v[i]), cx, a, e, relu, f.mask, bits[u], i);
             o.v[i] = static_cast<T>(a * g + B * cx + D);
           }
           *reinterpret_cast<Pack<T, V>*>(dx + off[u]) = o;
@@ -403,7 +431,7 @@ template <typename T, int V>
 __global__ void __launch_bounds__(kThreads, 2)
     bn_bwd_apply_nhwc(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
                       const typename Acc<T>::type* __restrict__ coef, int64_t R, int64_t C,
-                      bool relu, bool need_x) {
+                      bool relu, bool need_x, const uint8_t* mask) {
   using A = typename Acc<T>::type;
   constexpr int U = BwdUnroll<V>::value;
   const int64_t Cv = C / V;
@@ -422,12 +450,15 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int64_t rstride = int64_t(gridDim.y) * blockDim.y;
   for (int64_t r = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; r < R; r += U * rstride) {
     Pack<T, V> px[U], pg[U];
+    unsigned bits[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
+      bits[u] = 0;
       if (r + u * rstride < R) {
         const int64_t off = (R - 1 - r - u * rstride) * C + cv * V;  // last rows first
         if (need_x) px[u] = *reinterpret_cast<const Pack<T, V>*>(x + off);
         pg[u] = *reinterpret_cast<const Pack<T, V>*>(dy + off);
+        if (mask != nullptr) bits[u] = mask_bits<V>(mask, off);
       }
     }
 #pragma unroll
@@ -437,7 +468,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
         for (int i = 0; i < V; ++i) {
           const A cx = need_x ? static_cast<A>(px[u].v[i]) - mean[i] : A(0);
-          const A g = masked(static_cast<A>(pg[u].v[i]), cx, a[i], e[i], relu);
+          const A g = gate(static_cast<A>(pg[u].v[i]), cx, a[i], e[i], relu, mask, bits[u], i);
           o.v[i] = static_cast<T>(a[i] * g + B[i] * cx + D[i]);
         }
         *reinterpret_cast<Pack<T, V>*>(dx + (R - 1 - r - u * rstride) * C + cv * V) = o;
@@ -475,7 +506,7 @@ __global__ void __launch_bounds__(kThreads, FusedNchwMinBlocks<T, V>::value)
   for (int64_t it = blockIdx.x; it < items; it += G)
     bwd_reduce_nchw_item<T, V, true>(x, dy, ws, N, C, HW, it / splits, it % splits, splits,
                                      f.save_mean, f.save_invstd, f.reserve, f.weight, f.wkind,
-                                     f.bias, f.bkind, relu);
+                                     f.bias, f.bkind, relu, f.mask);
   grid.sync();
   if (int64_t(blockIdx.x) >= items) return;
   const int64_t last = blockIdx.x + ((items - 1 - blockIdx.x) / G) * G;
@@ -501,7 +532,8 @@ __global__ void __launch_bounds__(kThreads, FusedNhwcMinBlocks<T, V>::value)
   extern __shared__ unsigned char smem_raw[];
   cg::grid_group grid = cg::this_grid();
   bwd_reduce_nhwc_block<T, V>(x, dy, ws, R, C, f.save_mean, f.save_invstd, f.reserve, f.weight,
-                              f.wkind, f.bias, f.bkind, relu, reinterpret_cast<A*>(smem_raw));
+                              f.wkind, f.bias, f.bkind, relu, f.mask,
+                              reinterpret_cast<A*>(smem_raw));
   grid.sync();
   {
     // channel finishing: one warp per channel over the whole grid
@@ -534,12 +566,15 @@ __global__ void __launch_bounds__(kThreads, FusedNhwcMinBlocks<T, V>::value)
   const int64_t last = r0 + ((R - 1 - r0) / rstride) * rstride;
   for (int64_t r = last; r >= r0; r -= U * rstride) {
     Pack<T, V> px[U], pg[U];
+    unsigned bits[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
+      bits[u] = 0;
       if (r - u * rstride >= r0) {
         const int64_t off = (r - u * rstride) * C + cv * V;
         if (need_x) px[u] = *reinterpret_cast<const Pack<T, V>*>(x + off);
         pg[u] = *reinterpret_cast<const Pack<T, V>*>(dy + off);
+        if (f.mask != nullptr) bits[u] = mask_bits<V>(f.mask, off);
       }
     }
 #pragma unroll
@@ -549,7 +584,8 @@ __global__ void __launch_bounds__(kThreads, FusedNhwcMinBlocks<T, V>::value)
 #pragma unroll
         for (int i = 0; i < V; ++i) {
           const A cx = need_x ? static_cast<A>(px[u].v[i]) - mean[i] : A(0);
-          const A g = masked(static_cast<A>(pg[u].v[i]), cx, a[i], e[i], relu);
+          const A g =
+              gate(static_cast<A>(pg[u].v[i]), cx, a[i], e[i], relu, f.mask, bits[u], i);
           o.v[i] = static_cast<T>(a[i] * g + B[i] * cx + D[i]);
         }
         *reinterpret_cast<Pack<T, V>*>(dx + (r - u * rstride) * C + cv * V) = o;
@@ -737,7 +773,8 @@ template <typename T, int V>
 void launch_backward(const Layout& l, const at::Tensor& dy, const at::Tensor& dx,
                      const at::Tensor& w, const at::Tensor& b, const at::Tensor& save_mean,
                      const at::Tensor& save_invstd, const at::Tensor& reserve, bool training,
-                     bool relu, bool need_reduce, const at::Tensor& gw, const at::Tensor& gb) {
+                     bool relu, bool need_reduce, const at::Tensor& gw, const at::Tensor& gb,
+                     const uint8_t* mask = nullptr) {
   using A = typename Acc<T>::type;
   const int device = l.x.get_device();
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
@@ -764,8 +801,9 @@ void launch_backward(const Layout& l, const at::Tensor& dy, const at::Tensor& dx
   f.gwkind = param_kind(gw);
   f.grad_bias = gb.defined() ? gb.data_ptr() : nullptr;
   f.gbkind = param_kind(gb);
-  const bool need_x = training || relu;
-  if (need_reduce && dx.defined() &&
+  f.mask = mask;
+  const bool need_x = training || relu || mask != nullptr;
+  if (need_reduce && dx.defined() && mask == nullptr &&
       launch_bwd_singleread_nchw<T, V>(l, x, g, dx.data_ptr<T>(), f, relu, device, stream)) {
     return;
   }
@@ -787,11 +825,11 @@ void launch_backward(const Layout& l, const at::Tensor& dy, const at::Tensor& dx
     if (l.nhwc) {
       bn_bwd_reduce_nhwc<T, V><<<p.grid, p.block, p.smem, stream>>>(
           x, g, ws.data_ptr<A>(), R, l.C, sm, si, rs, param_ptr(w), param_kind(w), param_ptr(b),
-          param_kind(b), relu);
+          param_kind(b), relu, mask);
     } else {
       bn_bwd_reduce_nchw<T, V><<<p.grid, p.block, 0, stream>>>(
           x, g, ws.data_ptr<A>(), l.N, l.C, l.HW, sm, si, rs, param_ptr(w), param_kind(w),
-          param_ptr(b), param_kind(b), relu);
+          param_ptr(b), param_kind(b), relu, mask);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
@@ -816,7 +854,7 @@ void launch_backward(const Layout& l, const at::Tensor& dy, const at::Tensor& dx
   if (dx.defined()) {
     const Plan p = plan_launch(bn_bwd_apply_nhwc<T, V>, true, l.N, l.C, l.HW, V, 0, device);
     bn_bwd_apply_nhwc<T, V><<<p.grid, p.block, 0, stream>>>(
-        x, g, dx.data_ptr<T>(), coef.data_ptr<A>(), R, l.C, relu, need_x);
+        x, g, dx.data_ptr<T>(), coef.data_ptr<A>(), R, l.C, relu, need_x, mask);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 }
@@ -887,6 +925,42 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_cuda(
 }
 
 }  // namespace
+
+bool relu_mask_backward_cuda(const at::Tensor& x, const at::Tensor& grad_out,
+                             const at::Tensor& mask, const at::Tensor& save_mean,
+                             const at::Tensor& save_invstd, const at::Tensor& weight,
+                             const at::Tensor& dx, const at::Tensor& grad_weight,
+                             const at::Tensor& grad_bias) {
+  const auto st = x.scalar_type();
+  if (st != at::kFloat && st != at::kHalf && st != at::kBFloat16) return false;
+  if (x.numel() == 0 || x.dim() < 2 || !x.is_cuda()) return false;
+  Layout l = make_layout(x);
+  if (!l.x.is_same(x)) return false;  // not contiguous / channels_last as returned
+  const at::Tensor dy = like_layout(grad_out, l);
+  if (dx.defined() && !dx.is_contiguous(l.format)) return false;
+  if (mask.scalar_type() != at::kByte || !mask.is_contiguous() ||
+      mask.numel() * 8 < x.numel())
+    return false;
+  const at::Tensor sm = save_mean.contiguous(), si = save_invstd.contiguous();
+  const bool need_reduce = dx.defined() || grad_weight.defined() || grad_bias.defined();
+  if (!need_reduce) return true;
+  c10::cuda::CUDAGuard guard(x.device());
+  const uint8_t* mp = mask.data_ptr<uint8_t>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, st, "bn_relu_mask_bwd", [&] {
+    constexpr int VW = 16 / sizeof(scalar_t);
+    const void* dxp = dx.defined() ? dx.data_ptr() : nullptr;
+    // the reserve pointer is read but unused with a mask
+    if (vec_width<scalar_t>(l, {l.x.data_ptr(), dy.data_ptr(), dxp}) == VW) {
+      launch_backward<scalar_t, VW>(l, dy, dx, weight, at::Tensor(), sm, si, sm, true, false,
+                                    true, grad_weight, grad_bias, mp);
+    } else {
+      launch_backward<scalar_t, 1>(l, dy, dx, weight, at::Tensor(), sm, si, sm, true, false,
+                                   true, grad_weight, grad_bias, mp);
+    }
+  });
+  return true;
+}
+
 }  // namespace bn
 }  // namespace cudadoctor_ops
 
