@@ -433,10 +433,18 @@ at::Tensor backward_input_cuda(const at::Tensor& grad_out_, const at::Tensor& in
       return gin;
     }
   }
-  // Stride 2, channels_last: gather kernel over the stride grid.
+  // Stride 2, channels_last: gather kernel over the stride grid. impl=auto runs the
+  // second-generation kernel (2 x 2 input pixels x 16 bytes of channels per thread) where it
+  // applies, unless CUDADOCTOR_OPS_DW_DGRAD_V1=1; otherwise, and for the other fast impls, the
+  // first-generation one.
   if (impl != kImplDirect && cl && fast_dtype(gout.scalar_type(), dt) && fast_geom(g) && g.SH != 1) {
-    if (launch_bwd_input_nhwc(dt, gout.data_ptr(), weight.data_ptr(), gin.data_ptr(),
-                              fast_shape(g), stream)) {
+    const FastShape s = fast_shape(g);
+    const bool ok =
+        (impl == kImplAuto && !dgrad_v1_forced() &&
+         launch_bwd_input_nhwc_v2(dt, gout.data_ptr(), weight.data_ptr(), gin.data_ptr(), s,
+                                  stream)) ||
+        launch_bwd_input_nhwc(dt, gout.data_ptr(), weight.data_ptr(), gin.data_ptr(), s, stream);
+    if (ok) {
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       return gin;
     }

@@ -81,6 +81,31 @@ bool launch_fwd_nhwc_v3(DType dt, const void* in, const void* w, const void* bia
 bool launch_bwd_input_nhwc(DType dt, const void* go, const void* w, void* gin,
                            const FastShape& s, cudaStream_t stream);
 
+// Second-generation input gradient for channels_last at stride 2
+// (depthwise_bwd_input.cu): 16 bytes of channels (8 for 16-bit types, 4 for
+// float32) times a 2 x 2 block of input pixels per thread, both row and both
+// column parities, so the taps of each pixel are fixed at compile time. Same
+// contract as launch_bwd_input_nhwc; false where it does not apply (stride not
+// 2, K not 3/5/7, C not a multiple of the vector, grad_output or grad_input
+// not 16-byte aligned, more than 2^31 pixel blocks).
+bool launch_bwd_input_nhwc_v2(DType dt, const void* go, const void* w, void* gin,
+                              const FastShape& s, cudaStream_t stream);
+
+// CUDADOCTOR_OPS_DW_DGRAD_V1 set to 1 (read once): the stride-2 channels_last
+// input gradient keeps the first-generation kernel (launch_bwd_input_nhwc).
+bool dgrad_v1_forced();
+
+// Launch-planning helpers of the channels_last backward kernels
+// (depthwise_bwd_input.cu): SMs of the current device (cached); resident
+// blocks per SM of `kernel` at this block size and dynamic shared memory
+// (cached per device, kernel, threads, smem, so that a workspace query and the
+// launch that follows plan alike); channel vectors per block: cv itself when
+// it is <= cap, else a divisor of cv in (cap/2, cap], else an even split over
+// ceil(cv/cap) blocks.
+int current_sm_count();
+int resident_blocks_per_sm(const void* kernel, int threads, size_t smem);
+int pick_channel_vectors(int cv, int cap);
+
 // Weight (and optionally bias) gradient. Number of float32 workspace
 // elements the launcher needs; 0 means the fast path does not apply.
 int64_t wgrad_workspace(DType dt, bool channels_last, const FastShape& s);

@@ -4,9 +4,19 @@
 //   dB[c]         = sum_{n,oy,ox} dY[n,c,oy,ox]
 //
 // Two deterministic stages: stage 1 splits each channel's reduction over many
-// blocks, each writing K*K+1 float partial sums into a workspace laid out as
-// [C][P][K*K+1]; stage 2 sums the P partials of each (channel, tap) in a fixed
-// order. No atomics, so results are bit-reproducible run to run.
+// blocks, each writing K*K+1 float partial sums into a workspace; stage 2 sums
+// the P partials of each (channel, tap) in a fixed order. No atomics, so
+// results are bit-reproducible run to run.
+//
+// Two generations for channels_last:
+//   v1 (wgrad_nhwc + wgrad_finish): 1-2 channels per thread, every tap;
+//       workspace [C][P][K*K+1].
+//   v2 (wgrad_nhwc_v2 + wgrad_finish_v2, the default): 16- or 8-byte channel
+//       vectors per thread, one kernel row per thread; workspace
+//       [P][K*K+1][C]. CUDADOCTOR_OPS_DW_WGRAD_V1=1 (read once) selects v1.
+// NCHW always runs wgrad_nchw.
+#include <cstdlib>
+
 #include "depthwise.cuh"
 
 namespace cudadoctor_ops {
@@ -371,25 +381,396 @@ bool dispatch_ks(bool nhwc, const void* go, const void* in, void* gw, void* gb,
   return false;
 }
 
+// ---------------------------------------------------------------------------
+// Channels_last, second generation.
+//
+//   go [N][Ho][Wo][C], in [N][H][W][C]; ws [P = gridDim.x][K*K+1][C] floats.
+//
+// Thread = (channel vector cv of V channels, kernel row kh, tile row sy), block
+// = TX x K x SY threads (threadIdx.x/y/z). A thread owns the K taps of kernel
+// row kh for its V channels (K*V float accumulators, plus V for the bias when
+// kh == 0): splitting the taps by kernel row keeps 3x3 at 8 channels (16-byte
+// vectors of 16-bit types) and 5x5 / 7x7 at 4 channels within about 64-90
+// registers, where all K*K taps of 8 channels would need 80-400 accumulators.
+//
+// Work unit = (n, a tile of SY output rows, a segment [x0, x1) of columns).
+// Thread sy takes output row oy = tile*SY + sy and walks its segment left to
+// right. It needs input row iy = oy*S - PH + kh only, and keeps the K input
+// vectors of the current window (columns ox*S - PW .. +K-1) in registers as
+// float: each step loads S new input vectors and one dY vector, so every input
+// and dY element is loaded and converted once per thread. The window is a
+// ring indexed by (relative column) % K; the column loop is unrolled by K
+// steps, after which the ring has turned a whole number of times (K*S is a
+// multiple of K), so every ring index is a compile-time constant (no moves).
+// The K threads of one (cv, sy) read the same dY vector (L1 hits) and the SY
+// rows of a tile share input rows (S=1: each input row of a tile is read by up
+// to K threads close in time), so DRAM/L2 traffic stays near one read of
+// each tensor.
+//
+// The grid is at most one wave of resident blocks (gridDim.x = P per channel
+// group, gridDim.y channel groups); block b takes units [b*U/P, (b+1)*U/P).
+// This keeps the partial count P small (the workspace is read once more by
+// the finish kernel); rows are cut into column segments where that evens out
+// the units per block (see make_plan).
+// The block then sums its SY partials per (tap, channel) in shared memory in
+// a fixed order and writes them, channel-contiguous, to ws[blockIdx.x].
+namespace v2 {
+
+constexpr int kBlock = 256;   // most threads per block of wgrad_nhwc_v2
+constexpr int kTxCap = 8;     // channel vectors per block (128 bytes of channels for V=8 fp16)
+
+// V elements (V*sizeof(T) bytes, aligned) through the read-only path as
+// float; zeros without a memory access when !ok.
+template <typename T, int V>
+__device__ __forceinline__ void ldg_vec_or_zero(const T* p, bool ok, float (&out)[V]) {
+  using R = typename RawVec<sizeof(T) * V>::type;
+  R r{};
+  if (ok) r = __ldg(reinterpret_cast<const R*>(p));
+  T tmp[V];
+  memcpy(tmp, &r, sizeof(R));
+#pragma unroll
+  for (int i = 0; i < V; ++i) out[i] = to_float(tmp[i]);
+}
+
+// Input vector at column ix of the thread's input row (zero outside the image).
+template <typename T, int V>
+__device__ __forceinline__ void load_col(const T* xr, int C, int W, bool rowok, int ix,
+                                         float (&dst)[V]) {
+  const bool ok = rowok && static_cast<unsigned>(ix) < static_cast<unsigned>(W);
+  ldg_vec_or_zero<T, V>(xr + static_cast<int64_t>(ok ? ix : 0) * C, ok, dst);
+}
+
+// Output column ox0 + u of a group of K columns starting at ox0, whose window
+// starts at input column base = ox0*S - PW (relative column 0). Relative
+// column j lives in ring slot j % K; step u reads relative columns
+// u*S .. u*S+K-1 and loads the S of them not loaded by step u-1.
+template <typename T, int K, int S, int V>
+__device__ __forceinline__ void row_step(int u, const T* xr, const T* gr, int C, int W, int base,
+                                         int ox0, bool rowok, bool bias, float (&win)[K][V],
+                                         float (&acc)[K][V], float (&bacc)[V]) {
+#pragma unroll
+  for (int s = 0; s < S; ++s) {
+    const int j = u * S + K - S + s;
+    load_col<T, V>(xr, C, W, rowok, base + j, win[j % K]);
+  }
+  float g[V];
+  load_vec<T, V>(gr + static_cast<int64_t>(ox0 + u) * C, g);
+#pragma unroll
+  for (int kw = 0; kw < K; ++kw)
+#pragma unroll
+    for (int e = 0; e < V; ++e) acc[kw][e] = fmaf(g[e], win[(u * S + kw) % K][e], acc[kw][e]);
+  if (bias) {
+#pragma unroll
+    for (int e = 0; e < V; ++e) bacc[e] += g[e];
+  }
+}
+
+template <typename T, int K, int S, int V>
+__global__ void __launch_bounds__(kBlock)
+    wgrad_nhwc_v2(const T* __restrict__ go, const T* __restrict__ in, float* __restrict__ ws,
+                  int C, int H, int W, int Ho, int Wo, int PH, int PW, int L, int segsW,
+                  int tilesY, int64_t units) {
+  constexpr int KK = K * K;
+  const int TX = blockDim.x;
+  const int SY = blockDim.z;
+  const int TXC = TX * V;
+  const int cv = threadIdx.x;
+  const int kh = threadIdx.y;
+  const int sy = threadIdx.z;
+  const int c = blockIdx.y * TXC + cv * V;  // C % V == 0: all V channels valid when c < C
+  const bool bias = kh == 0;
+
+  float acc[K][V];
+  float bacc[V];
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+#pragma unroll
+    for (int e = 0; e < V; ++e) acc[k][e] = 0.f;
+#pragma unroll
+  for (int e = 0; e < V; ++e) bacc[e] = 0.f;
+
+  if (c < C) {
+    const int64_t u0 = static_cast<int64_t>(blockIdx.x) * units / gridDim.x;
+    const int64_t u1 = static_cast<int64_t>(blockIdx.x + 1) * units / gridDim.x;
+    const int64_t rowstride = static_cast<int64_t>(W) * C;
+    for (int64_t u = u0; u < u1; ++u) {
+      const int sx = static_cast<int>(u % segsW);
+      const int64_t t = u / segsW;
+      const int oy = static_cast<int>(t % tilesY) * SY + sy;
+      const int64_t n = t / tilesY;
+      if (oy >= Ho) continue;
+      const int iy = oy * S - PH + kh;
+      const bool rowok = static_cast<unsigned>(iy) < static_cast<unsigned>(H);
+      // A row outside the image adds nothing to the taps; the kh == 0 thread
+      // still walks it for the bias (loads off, zeros).
+      if (!rowok && !bias) continue;
+      const int x0 = sx * L;
+      const int x1 = min(Wo, x0 + L);
+      const T* xr = in + (n * H + (rowok ? iy : 0)) * rowstride + c;
+      const T* gr = go + (n * Ho + oy) * static_cast<int64_t>(Wo) * C + c;
+
+      float win[K][V];
+      const int base0 = x0 * S - PW;
+#pragma unroll
+      for (int j = 0; j < K - S; ++j) load_col<T, V>(xr, C, W, rowok, base0 + j, win[j]);
+      int ox0 = x0;
+      for (; ox0 + K <= x1; ox0 += K) {
+        const int base = ox0 * S - PW;
+#pragma unroll
+        for (int s = 0; s < K; ++s)
+          row_step<T, K, S, V>(s, xr, gr, C, W, base, ox0, rowok, bias, win, acc, bacc);
+      }
+      const int base = ox0 * S - PW;
+#pragma unroll
+      for (int s = 0; s < K - 1; ++s)
+        if (ox0 + s < x1)
+          row_step<T, K, S, V>(s, xr, gr, C, W, base, ox0, rowok, bias, win, acc, bacc);
+    }
+  }
+
+  // Block reduction over sy: red[SY][K*K+1][TXC], summed in sy order.
+  extern __shared__ float red[];
+  float* r = red + static_cast<size_t>(sy) * (KK + 1) * TXC + cv * V;
+#pragma unroll
+  for (int kw = 0; kw < K; ++kw)
+#pragma unroll
+    for (int e = 0; e < V; ++e) r[(kh * K + kw) * TXC + e] = acc[kw][e];
+  if (bias) {
+#pragma unroll
+    for (int e = 0; e < V; ++e) r[KK * TXC + e] = bacc[e];
+  }
+  __syncthreads();
+  const int tid = (sy * K + kh) * TX + cv;
+  const int nthr = TX * K * SY;
+  const int items = (KK + 1) * TXC;
+  float* wsb = ws + static_cast<int64_t>(blockIdx.x) * (KK + 1) * C;
+  for (int i = tid; i < items; i += nthr) {
+    const int tap = i / TXC;
+    const int ch = i - tap * TXC;
+    float sum = 0.f;
+    for (int y = 0; y < SY; ++y) sum += red[(y * (KK + 1) + tap) * TXC + ch];
+    const int cc = blockIdx.y * TXC + ch;
+    if (cc < C) wsb[static_cast<int64_t>(tap) * C + cc] = sum;
+  }
+}
+
+// Stage 2: ws [P][J = (K*K+1)*C] -> gw [C][K*K], gb [C] (or null).
+// Block = 32 columns x RY rows; thread (x, y) sums partials y, y+RY, ... of
+// column j in order, then thread y == 0 sums the RY row sums in order.
+template <typename T>
+__global__ void __launch_bounds__(1024)
+    wgrad_finish_v2(const float* __restrict__ ws, T* __restrict__ gw, T* __restrict__ gb, int C,
+                    int P, int KK) {
+  __shared__ float part[32][33];
+  const int64_t J = static_cast<int64_t>(KK + 1) * C;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  const int RY = blockDim.y;
+  float s = 0.f;
+  if (j < J) {
+    for (int p = threadIdx.y; p < P; p += RY) s += ws[static_cast<int64_t>(p) * J + j];
+  }
+  part[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y != 0 || j >= J) return;
+  float t = 0.f;
+  for (int y = 0; y < RY; ++y) t += part[y][threadIdx.x];
+  const int tap = static_cast<int>(j / C);
+  const int c = static_cast<int>(j - static_cast<int64_t>(tap) * C);
+  if (tap < KK)
+    gw[static_cast<int64_t>(c) * KK + tap] = from_float<T>(t);
+  else if (gb != nullptr)
+    gb[c] = from_float<T>(t);
+}
+
+// Vector width (elements): 16 bytes for 16-bit 3x3 (8 channels) and for
+// float32 (4 channels); 8 bytes (4 channels) for 16-bit 5x5 and 7x7.
+int vec_v2(DType dt, int K) { return (dt != DType::F32 && K == 3) ? 8 : 4; }
+
+struct Plan {
+  int TX, SY, L, segsW, tilesY, gx, gy, threads;
+  int64_t units;
+  size_t smem;
+};
+
+bool make_plan(const FastShape& s, int V, const void* kernel, Plan& p) {
+  const int K = s.K;
+  const int KK = K * K;
+  const int CV = s.C / V;
+  p.TX = pick_channel_vectors(CV, kTxCap);
+  p.gy = (CV + p.TX - 1) / p.TX;
+  if (p.gy > 65535) return false;
+  int symax = kBlock / (p.TX * K);
+  if (symax < 1) symax = 1;
+  if (symax > 64) symax = 64;
+  p.tilesY = (s.Ho + symax - 1) / symax;
+  p.SY = (s.Ho + p.tilesY - 1) / p.tilesY;
+  p.threads = p.TX * K * p.SY;
+  p.smem = static_cast<size_t>(p.SY) * (KK + 1) * p.TX * V * sizeof(float);
+  const int64_t wave =
+      static_cast<int64_t>(current_sm_count()) * resident_blocks_per_sm(kernel, p.threads, p.smem);
+  int64_t gxw = (wave + p.gy - 1) / p.gy;
+  if (gxw < 1) gxw = 1;
+  // Column segments: the split of each row into segsW segments of L columns
+  // (L >= 2K) that minimises a block's steps, ceil(units / gxw) * (L + K - S)
+  // (a segment costs K - S extra input loads); whole rows on ties.
+  const int64_t rows = static_cast<int64_t>(s.N) * p.tilesY;
+  p.segsW = 1;
+  p.L = s.Wo;
+  int64_t best = -1;
+  for (int want = 1; want <= s.Wo; want *= 2) {
+    const int L = (s.Wo + want - 1) / want;
+    if (want > 1 && L < 2 * K) break;
+    const int segs = (s.Wo + L - 1) / L;
+    const int64_t per_block = (rows * segs + gxw - 1) / gxw;
+    const int64_t cost = per_block * (L + K - s.S);
+    if (best < 0 || cost < best) {
+      best = cost;
+      p.L = L;
+      p.segsW = segs;
+    }
+  }
+  p.units = rows * p.segsW;
+  // As few blocks as give the same units per block (fewer partials).
+  const int64_t per_block = (p.units + gxw - 1) / gxw;
+  p.gx = static_cast<int>((p.units + per_block - 1) / per_block);
+  return p.gx >= 1;
+}
+
+template <typename T, int K, int S>
+const void* kernel_ptr() {
+  constexpr int V = (sizeof(T) == 2 && K == 3) ? 8 : 4;
+  return reinterpret_cast<const void*>(&wgrad_nhwc_v2<T, K, S, V>);
+}
+
+const void* kernel_for(DType dt, int K, int S) {
+#define CDO_DW_V2K(T)                                  \
+  if (K == 3 && S == 1) return kernel_ptr<T, 3, 1>();  \
+  if (K == 3 && S == 2) return kernel_ptr<T, 3, 2>();  \
+  if (K == 5 && S == 1) return kernel_ptr<T, 5, 1>();  \
+  if (K == 5 && S == 2) return kernel_ptr<T, 5, 2>();  \
+  if (K == 7 && S == 1) return kernel_ptr<T, 7, 1>();  \
+  if (K == 7 && S == 2) return kernel_ptr<T, 7, 2>();  \
+  return nullptr;
+  switch (dt) {
+    case DType::F32: {
+      CDO_DW_V2K(float)
+    }
+    case DType::F16: {
+      CDO_DW_V2K(c10::Half)
+    }
+    case DType::BF16: {
+      CDO_DW_V2K(c10::BFloat16)
+    }
+  }
+#undef CDO_DW_V2K
+  return nullptr;
+}
+
+// Shape-level applicability and plan (pointer alignment is checked at launch).
+bool plan_for(DType dt, const FastShape& s, Plan& p) {
+  if (s.N <= 0 || s.C <= 0 || s.H <= 0 || s.W <= 0 || s.Ho <= 0 || s.Wo <= 0) return false;
+  if (!(s.K == 3 || s.K == 5 || s.K == 7) || !(s.S == 1 || s.S == 2)) return false;
+  const int V = vec_v2(dt, s.K);
+  if (s.C % V != 0) return false;
+  // Finish grid: ceil((K*K+1)*C / 32) blocks.
+  if ((static_cast<int64_t>(s.K) * s.K + 1) * s.C / 32 >= (int64_t(1) << 31) - 1) return false;
+  const void* kern = kernel_for(dt, s.K, s.S);
+  return kern != nullptr && make_plan(s, V, kern, p);
+}
+
+int64_t workspace(const FastShape& s, const Plan& p) {
+  return static_cast<int64_t>(p.gx) * (static_cast<int64_t>(s.K) * s.K + 1) * s.C;
+}
+
+template <typename T, int K, int S>
+void run(const void* go, const void* in, void* gw, void* gb, float* ws, const FastShape& s,
+         const Plan& p, cudaStream_t stream) {
+  constexpr int V = (sizeof(T) == 2 && K == 3) ? 8 : 4;
+  wgrad_nhwc_v2<T, K, S, V><<<dim3(static_cast<unsigned>(p.gx), p.gy), dim3(p.TX, K, p.SY),
+                              p.smem, stream>>>(
+      static_cast<const T*>(go), static_cast<const T*>(in), ws, s.C, s.H, s.W, s.Ho, s.Wo, s.PH,
+      s.PW, p.L, p.segsW, p.tilesY, p.units);
+  const int KK = K * K;
+  const int64_t J = static_cast<int64_t>(KK + 1) * s.C;
+  int RY = 1;
+  while (RY < 32 && 2 * RY <= (p.gx + 1) / 2) RY *= 2;
+  wgrad_finish_v2<T><<<static_cast<unsigned>((J + 31) / 32), dim3(32, RY), 0, stream>>>(
+      ws, static_cast<T*>(gw), static_cast<T*>(gb), s.C, p.gx, KK);
+}
+
+template <typename T>
+bool dispatch(const void* go, const void* in, void* gw, void* gb, float* ws, const FastShape& s,
+              const Plan& p, cudaStream_t stream) {
+#define CDO_DW_V2(KK, SS)                                   \
+  if (s.K == KK && s.S == SS) {                             \
+    run<T, KK, SS>(go, in, gw, gb, ws, s, p, stream);       \
+    return true;                                            \
+  }
+  CDO_DW_V2(3, 1)
+  CDO_DW_V2(3, 2)
+  CDO_DW_V2(5, 1)
+  CDO_DW_V2(5, 2)
+  CDO_DW_V2(7, 1)
+  CDO_DW_V2(7, 2)
+#undef CDO_DW_V2
+  return false;
+}
+
+}  // namespace v2
+
+// CUDADOCTOR_OPS_DW_WGRAD_V1=1 (read once): the channels_last weight gradient
+// runs the first-generation kernels.
+bool wgrad_v1_forced() {
+  static const bool v = [] {
+    const char* e = std::getenv("CUDADOCTOR_OPS_DW_WGRAD_V1");
+    return e != nullptr && e[0] != '\0' && e[0] != '0';
+  }();
+  return v;
+}
+
 }  // namespace
 
+// Channels_last: the larger of the v2 and v1 needs where both apply by shape,
+// so the launch may still fall back to v1 when a pointer is not aligned for v2.
 int64_t wgrad_workspace(DType dt, bool channels_last, const FastShape& s) {
   if (!supported(s)) return 0;
   const int64_t taps = static_cast<int64_t>(s.K) * s.K + 1;
   if (!channels_last) {
     return static_cast<int64_t>(s.C) * plan_nchw(s).P * taps;
   }
+  int64_t need = 0;
+  v2::Plan p;
+  if (!wgrad_v1_forced() && v2::plan_for(dt, s, p)) need = v2::workspace(s, p);
   const int V = vec_for(dt, s.K);
-  if (s.C % V != 0) return 0;
-  return static_cast<int64_t>(s.C) * plan_nhwc(s, V).gx * taps;
+  if (s.C % V == 0) {
+    const int64_t v1 = static_cast<int64_t>(s.C) * plan_nhwc(s, V).gx * taps;
+    if (v1 > need) need = v1;
+  }
+  return need;
 }
 
 bool launch_wgrad(DType dt, bool channels_last, const void* go, const void* in,
                   void* gw, void* gb, float* ws, const FastShape& s,
                   cudaStream_t stream) {
   if (wgrad_workspace(dt, channels_last, s) == 0) return false;
+  if (channels_last && !wgrad_v1_forced()) {
+    v2::Plan p;
+    const uintptr_t mask = static_cast<uintptr_t>(v2::vec_v2(dt, s.K) * (dt == DType::F32 ? 4 : 2) - 1);
+    if (v2::plan_for(dt, s, p) && !(reinterpret_cast<uintptr_t>(go) & mask) &&
+        !(reinterpret_cast<uintptr_t>(in) & mask)) {
+      switch (dt) {
+        case DType::F32:
+          return v2::dispatch<float>(go, in, gw, gb, ws, s, p, stream);
+        case DType::F16:
+          return v2::dispatch<c10::Half>(go, in, gw, gb, ws, s, p, stream);
+        case DType::BF16:
+          return v2::dispatch<c10::BFloat16>(go, in, gw, gb, ws, s, p, stream);
+      }
+    }
+  }
   if (channels_last) {
     const int V = vec_for(dt, s.K);
+    if (s.C % V != 0) return false;
     const uintptr_t mask = static_cast<uintptr_t>(V * (dt == DType::F32 ? 4 : 2) - 1);
     if ((reinterpret_cast<uintptr_t>(go) & mask) || (reinterpret_cast<uintptr_t>(in) & mask))
       return false;

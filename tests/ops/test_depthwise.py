@@ -709,3 +709,279 @@ def test_compiled_op_bad_arguments_raise_runtime_error_in_subprocess():
     )
     assert proc.returncode == 0, report
     assert proc.stdout.count("ok: ") == 10, report
+
+
+# ---- channels_last backward: second-generation weight gradient and stride-2 input gradient ----
+# auto runs, for channels_last tensors, the second-generation weight gradient (16- or 8-byte
+# channel vectors, one kernel row per thread, partials reduced in a fixed order) wherever C is a
+# multiple of its vector (8 for 16-bit 3x3, else 4) and both tensors are aligned to it, and at
+# stride 2 the second-generation input gradient (2 x 2 input pixels x 16 bytes of channels per
+# thread, both parities of rows and columns) where C % (16 / element size) == 0 and grad_output and
+# grad_input are 16-byte aligned. CUDADOCTOR_OPS_DW_WGRAD_V1=1 / CUDADOCTOR_OPS_DW_DGRAD_V1=1 (read
+# once per process, hence the child processes below) keep the first-generation kernels;
+# impl="tiled_v1" also keeps the first-generation stride-2 input gradient.
+
+# (N, C, H, W, k, stride, padding)
+BWD2_CASES = [
+    # stride 2, odd sizes: first and last block rows / columns of both parities
+    (2, 8, 7, 9, 3, 2, 1),
+    (2, 24, 13, 13, 3, 2, 0),
+    (1, 72, 15, 15, 3, 2, 2),
+    (2, 200, 13, 13, 3, 2, 1),
+    (2, 200, 15, 15, 5, 2, 2),
+    (2, 8, 13, 13, 5, 2, 0),
+    (1, 24, 15, 15, 5, 2, 4),
+    (2, 24, 7, 9, 7, 2, 3),
+    (1, 72, 15, 15, 7, 2, 6),
+    (2, 8, 9, 7, 7, 2, 0),
+    # H or W smaller than the kernel
+    (2, 24, 3, 4, 5, 2, 2),
+    (2, 8, 2, 5, 7, 2, 3),
+    (2, 8, 3, 4, 5, 1, 2),
+    (1, 72, 2, 3, 7, 1, 6),
+    (2, 8, 1, 1, 3, 1, 1),
+    # stride 1
+    (2, 8, 7, 9, 3, 1, 1),
+    (2, 72, 13, 13, 3, 1, 0),
+    (1, 200, 15, 15, 3, 1, 2),
+    (2, 24, 13, 13, 5, 1, 2),
+    (1, 72, 7, 9, 5, 1, 4),
+    (2, 8, 15, 15, 7, 1, 3),
+    (1, 24, 9, 7, 7, 1, 0),
+    (1, 200, 13, 13, 7, 1, 6),
+    # C % 8 != 0 (16-bit: first-generation kernels); C = 4 (16-bit 5x5: 4-channel vectors)
+    (2, 12, 9, 9, 3, 2, 1),
+    (2, 12, 9, 9, 3, 1, 1),
+    (2, 4, 11, 11, 5, 1, 2),
+    (2, 4, 11, 11, 5, 2, 2),
+]
+# Larger: several units per block, column segments, several row tiles, many channel groups.
+BWD2_LARGE = [
+    (8, 144, 56, 56, 3, 1, 1),
+    (4, 96, 112, 112, 3, 2, 1),
+    (8, 240, 28, 28, 5, 1, 2),
+    (16, 1152, 7, 7, 5, 1, 2),
+    (8, 32, 112, 112, 3, 1, 1),
+    (8, 144, 56, 56, 5, 2, 2),
+    (16, 576, 14, 14, 3, 2, 1),
+]
+BWD2_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+
+# Shared by the in-process tests and the child processes (exec'd in both).
+_BWD2_SRC = r'''
+import torch
+import torch.nn.functional as F
+from cudadoctor_ops import depthwise_conv2d
+
+
+def bwd2_run(case, dtype, impl="auto", seed=5):
+    """Channels_last forward and backward through depthwise_conv2d: (x, wt, b, gy, gx, gw, gb)."""
+    n, c, h, w, k, s, p = case
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(n, c, h, w, device="cuda", generator=gen).to(dtype)
+    x = x.contiguous(memory_format=torch.channels_last).requires_grad_(True)
+    wt = torch.randn(c, 1, k, k, device="cuda", generator=gen).to(dtype).requires_grad_(True)
+    b = torch.randn(c, device="cuda", generator=gen).to(dtype).requires_grad_(True)
+    out = depthwise_conv2d(x, wt, b, s, p, impl=impl)
+    gy = torch.randn(out.shape, device="cuda", generator=gen).to(dtype)
+    gy = gy.contiguous(memory_format=torch.channels_last)
+    gx, gw, gb = torch.autograd.grad(out, (x, wt, b), gy)
+    return x, wt, b, gy, gx, gw, gb
+
+
+def bwd2_errors(case, dtype, impl="auto", seed=5):
+    """[rel err grad_input, grad_weight, grad_bias, grad_input kept channels_last] against float64."""
+    n, c, h, w, k, s, p = case
+    x, wt, b, gy, gx, gw, gb = bwd2_run(case, dtype, impl, seed)
+    xd = x.detach().double().requires_grad_(True)
+    wd = wt.detach().double().requires_grad_(True)
+    bd = b.detach().double().requires_grad_(True)
+    ref = F.conv2d(xd, wd, bd, s, p, 1, groups=c)
+    rx, rw, rb = torch.autograd.grad(ref, (xd, wd, bd), gy.double())
+
+    def rel(a, r):
+        scale = r.abs().max().item() or 1.0
+        return (a.double() - r).abs().max().item() / scale
+
+    return [rel(gx, rx), rel(gw, rw), rel(gb, rb),
+            bool(gx.is_contiguous(memory_format=torch.channels_last))]
+
+
+def cuda_kernel_names(fn):
+    """Event names (CUDA kernels among them) recorded while fn runs; None without a profiler."""
+    fn()
+    torch.cuda.synchronize()
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        return [e.key for e in prof.key_averages()]
+    except Exception:  # profiler unavailable in this environment
+        return None
+'''
+exec(_BWD2_SRC, globals())
+
+
+def _bwd2_id(case) -> str:
+    n, c, h, w, k, s, p = case
+    return f"{n}x{c}x{h}x{w}-k{k}-s{s}-p{p}"
+
+
+def _bwd2_check(res, dtype, what):
+    ex, ew, eb, kept = res
+    tol = TOL[dtype]
+    assert ex < tol, f"{what}: grad input relative error {ex:.2e} >= {tol}"
+    assert ew < tol, f"{what}: grad weight relative error {ew:.2e} >= {tol}"
+    assert eb < tol, f"{what}: grad bias relative error {eb:.2e} >= {tol}"
+    assert kept, f"{what}: grad input lost the channels_last layout"
+
+
+@pytest.mark.parametrize("impl", ["auto", "tiled_v1"])
+@pytest.mark.parametrize("dtype", BWD2_DTYPES, ids=str)
+@pytest.mark.parametrize("case", BWD2_CASES + BWD2_LARGE, ids=_bwd2_id)
+def test_bwd2_channels_last_grads_match_float64(case, dtype, impl):
+    _bwd2_check(bwd2_errors(case, dtype, impl), dtype, f"{_bwd2_id(case)} {dtype} {impl}")
+
+
+# MobileNetV2 / EfficientNet-B0 layers at batch 64 (the shapes of the H200 profile).
+BWD2_NET = [
+    ((64, 144, 56, 56, 3, 1, 1), torch.float16),
+    ((64, 96, 112, 112, 3, 2, 1), torch.float16),
+    ((64, 576, 14, 14, 3, 1, 1), torch.bfloat16),
+    ((64, 1152, 7, 7, 5, 1, 2), torch.float16),
+    ((64, 240, 28, 28, 5, 1, 2), torch.float16),
+    ((64, 144, 56, 56, 5, 2, 2), torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("case,dtype", BWD2_NET, ids=[f"{_bwd2_id(c)}-{d}" for c, d in BWD2_NET])
+def test_bwd2_network_layers_match_float64(case, dtype):
+    _bwd2_check(bwd2_errors(case, dtype), dtype, f"{_bwd2_id(case)} {dtype}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("case", [(8, 144, 28, 28, 3, 1, 1), (4, 240, 28, 28, 5, 2, 2),
+                                  (4, 72, 20, 20, 7, 1, 3)], ids=_bwd2_id)
+def test_bwd2_weight_grad_is_deterministic(case, dtype):
+    n, c, h, w, k, s, p = case
+    gen = torch.Generator(device=DEV).manual_seed(7)
+    x = torch.randn(n, c, h, w, device=DEV, generator=gen).to(dtype)
+    x = x.contiguous(memory_format=torch.channels_last)
+    wt = torch.randn(c, 1, k, k, device=DEV, generator=gen).to(dtype)
+    out = depthwise_conv2d(x, wt, None, s, p)
+    g = torch.randn(out.shape, device=DEV, generator=gen).to(dtype)
+    g = g.contiguous(memory_format=torch.channels_last)
+    sp, pp = [s, s], [p, p]
+    runs = [ops.depthwise_conv2d_backward_weight(g, x, wt, sp, pp, [1, 1], True, 0)
+            for _ in range(3)]
+    for gw, gb in runs[1:]:
+        assert torch.equal(gw, runs[0][0]) and torch.equal(gb, runs[0][1])
+
+
+@pytest.mark.parametrize("offset", [1, 4, 8])  # elements: 2, 8 and 16 bytes for 16-bit types
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_bwd2_storage_offset(dtype, offset):
+    # grad_output (and, for the weight gradient, the input) as channels_last views at a storage
+    # offset: the 16-byte kernels step aside unless the offset keeps 16-byte alignment.
+    def view(shape, seed):
+        n, c, h, w = shape
+        gen = torch.Generator(device=DEV).manual_seed(seed)
+        buf = torch.randn(n * c * h * w + offset, device=DEV, generator=gen).to(dtype)
+        t = torch.as_strided(buf, shape, (h * w * c, 1, w * c, c), offset)
+        assert t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous()
+        return t
+
+    for (n, c, h, w, k, s, p) in [(2, 16, 11, 13, 3, 2, 1), (2, 16, 9, 10, 5, 2, 2),
+                                  (2, 16, 11, 13, 3, 1, 1), (2, 16, 9, 10, 7, 1, 3)]:
+        x = view((n, c, h, w), 11)
+        wt = torch.randn(c, 1, k, k, device=DEV).to(dtype)
+        ho, wo = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
+        g = view((n, c, ho, wo), 12)
+        sp, pp, dp = [s, s], [p, p], [1, 1]
+        gx = ops.depthwise_conv2d_backward_input(g, x, wt, sp, pp, dp, 0)
+        gw, gb = ops.depthwise_conv2d_backward_weight(g, x, wt, sp, pp, dp, True, 0)
+        xd = x.detach().double().requires_grad_(True)
+        wd = wt.double().requires_grad_(True)
+        bd = torch.zeros(c, device=DEV, dtype=torch.float64, requires_grad=True)
+        ref = F.conv2d(xd, wd, bd, s, p, 1, groups=c)
+        rx, rw, rb = torch.autograd.grad(ref, (xd, wd, bd), g.double())
+        what = f"{(n, c, h, w, k, s, p)} offset {offset}"
+        assert gx.is_contiguous(memory_format=torch.channels_last), what
+        assert _rel_err(gx, rx) < TOL[dtype], f"{what}: grad input"
+        assert _rel_err(gw, rw) < TOL[dtype], f"{what}: grad weight"
+        assert _rel_err(gb, rb) < TOL[dtype], f"{what}: grad bias"
+
+
+# One child process per switch setting: the grads of every BWD2_CASES case for each dtype and of
+# the BWD2_LARGE cases in float16 against float64, and the names of the kernels one float16
+# stride-2 forward + backward runs (None where the profiler cannot record CUDA kernels).
+_BWD2_CHILD = _BWD2_SRC + r'''
+import json
+import sys
+
+import cudadoctor_ops  # noqa: F401
+
+small, large = json.loads(sys.argv[1])
+dtypes = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+res = {}
+for case in small:
+    for name, dt in dtypes.items():
+        res[f"{case}|{name}"] = bwd2_errors(tuple(case), dt)
+for case in large:
+    res[f"{case}|float16"] = bwd2_errors(tuple(case), torch.float16)
+names = cuda_kernel_names(lambda: bwd2_run((2, 24, 13, 13, 3, 2, 1), torch.float16))
+print(json.dumps({"errors": res, "kernels": names}))
+'''
+
+_BWD2_SWITCHES = [
+    {},
+    {"CUDADOCTOR_OPS_DW_WGRAD_V1": "1"},
+    {"CUDADOCTOR_OPS_DW_DGRAD_V1": "1"},
+    {"CUDADOCTOR_OPS_DW_WGRAD_V1": "1", "CUDADOCTOR_OPS_DW_DGRAD_V1": "1"},
+    {"CUDADOCTOR_OPS_DW_WGRAD_V1": "0", "CUDADOCTOR_OPS_DW_DGRAD_V1": "0"},
+]
+
+
+@pytest.mark.parametrize("switches", _BWD2_SWITCHES,
+                         ids=["default"] + ["-".join(f"{k[18:]}={v}" for k, v in sw.items())
+                                            for sw in _BWD2_SWITCHES[1:]])
+def test_bwd2_kernel_switches_in_subprocess(switches):
+    """Every backward kernel choice against float64 (the switches are read once per process)."""
+    import json
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("CUDADOCTOR_OPS_DW_WGRAD_V1", "CUDADOCTOR_OPS_DW_DGRAD_V1",
+                        "CUDADOCTOR_OPS_DEPTHWISE_IMPL")}
+    env.update(switches)
+    pkg_parent = str(pathlib.Path(cudadoctor_ops.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = pkg_parent + os.pathsep + env.get("PYTHONPATH", "")
+    arg = json.dumps([BWD2_CASES, BWD2_LARGE])
+    proc = subprocess.run([sys.executable, "-X", "faulthandler", "-c", _BWD2_CHILD, arg],
+                          capture_output=True, text=True, timeout=600, env=env)
+    report = f"rc={proc.returncode}\nstdout tail:\n{proc.stdout[-2000:]}\nstderr tail:\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, report
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    errors = out["errors"]
+    assert len(errors) == 3 * len(BWD2_CASES) + len(BWD2_LARGE), report
+    dtypes = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+    for key, res in errors.items():
+        case, name = key.split("|")
+        _bwd2_check(res, dtypes[name], f"{switches} {case} {name}")
+
+    names = out["kernels"]
+    ours = [n for n in names or []
+            if "cudadoctor_ops" in n and ("wgrad" in n or "bwd_input" in n)]
+    if not ours:
+        pytest.skip(f"the profiler recorded no backward kernel (events: {names})")
+    wgrad_v1 = switches.get("CUDADOCTOR_OPS_DW_WGRAD_V1") == "1"
+    dgrad_v1 = switches.get("CUDADOCTOR_OPS_DW_DGRAD_V1") == "1"
+    assert any("wgrad_nhwc_v2<" in n for n in ours) == (not wgrad_v1), ours
+    assert any("wgrad_nhwc<" in n for n in ours) == wgrad_v1, ours
+    assert any("bwd_input_nhwc_s2<" in n for n in ours) == (not dgrad_v1), ours
+    assert any("bwd_input_nhwc<" in n for n in ours) == dgrad_v1, ours
