@@ -296,11 +296,15 @@ constexpr int64_t kImplDirect = 1;
 constexpr int64_t kImplTiledV1 = 2;
 constexpr int64_t kImplNhwcV3 = 3;
 constexpr int64_t kImplV2 = 4;
+// impl=5 ("nhwc_v4"): the channels_last forward on the fourth-generation direct
+// kernel where it applies (float16/bfloat16), else the second-generation kernels;
+// the backward ops treat it like the other forward-only codes.
+constexpr int64_t kImplNhwcV4 = 5;
 
 void check_impl(int64_t impl) {
-  TORCH_CHECK(impl >= kImplAuto && impl <= kImplV2,
-              "depthwise_conv2d: impl must be 0 (auto), 1 (direct), 2 (tiled_v1), 3 (nhwc_v3) "
-              "or 4 (v2), got ", impl);
+  TORCH_CHECK(impl >= kImplAuto && impl <= kImplNhwcV4,
+              "depthwise_conv2d: impl must be 0 (auto), 1 (direct), 2 (tiled_v1), 3 (nhwc_v3), "
+              "4 (v2) or 5 (nhwc_v4), got ", impl);
 }
 
 at::Tensor forward_cuda(const at::Tensor& input_, const at::Tensor& weight_,
@@ -333,7 +337,7 @@ at::Tensor forward_cuda(const at::Tensor& input_, const at::Tensor& weight_,
   if (impl != kImplDirect && fast_dtype(input.scalar_type(), dt) && fast_geom(g)) {
     const FastShape s = fast_shape(g);
     const void* bp = bias.defined() ? bias.data_ptr() : nullptr;
-    if (impl == kImplAuto || impl == kImplNhwcV3 || impl == kImplV2) {
+    if (impl == kImplAuto || impl == kImplNhwcV3 || impl == kImplV2 || impl == kImplNhwcV4) {
       const void* ip = input.data_ptr();
       const void* wp = weight.data_ptr();
       void* op_ = out.data_ptr();
@@ -344,6 +348,7 @@ at::Tensor forward_cuda(const at::Tensor& input_, const at::Tensor& weight_,
         ok2 = launch_fwd_nhwc_v2(dt, ip, wp, bp, op_, s, false, stream);
       else
         ok2 = (impl == kImplNhwcV3 && launch_fwd_nhwc_v3(dt, ip, wp, bp, op_, s, false, stream)) ||
+              (impl == kImplNhwcV4 && launch_fwd_nhwc_v4(dt, ip, wp, bp, op_, s, false, stream)) ||
               launch_fwd_nhwc_v2_kernel(dt, ip, wp, bp, op_, s, false, stream);
       if (ok2) {
         C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -75,6 +75,26 @@ bool launch_fwd_nhwc_v3(DType dt, const void* in, const void* w, const void* bia
                         void* out, const FastShape& s, bool flip,
                         cudaStream_t stream);
 
+// Fourth-generation channels_last kernel (depthwise_fwd_v4.cu), float16 and
+// bfloat16 only: a direct kernel without input staging. Each thread computes 8
+// channels (one 16-byte vector) x RW consecutive outputs of one output row,
+// loading the input vectors of every kernel row straight from global memory;
+// a block covers a small patch of outputs x a chunk of channels so that its
+// threads share the input lines in L1. Weights staged in shared memory as
+// float32. Same contract as launch_fwd_nhwc_v3; false (nothing launched) for
+// float32, C % 8 != 0, input or output not 16-byte aligned, K/S outside the
+// fast set, a padded plane (H, W plus a kernel extent each side, times C) of
+// 2^31 or more elements (32-bit offsets inside an image), or a grid over the
+// launch limit. Block shape and outputs per thread come from
+// CUDADOCTOR_OPS_DW_V4_CFG=0|1|2 (read once; see the file).
+bool launch_fwd_nhwc_v4(DType dt, const void* in, const void* w, const void* bias,
+                        void* out, const FastShape& s, bool flip,
+                        cudaStream_t stream);
+
+// false when CUDADOCTOR_OPS_DW_V4=0 (read once): launch_fwd_nhwc_v2 then does
+// not try the fourth-generation kernel first.
+bool fwd_nhwc_v4_enabled();
+
 // Input gradient for channels_last tensors, any stride in the fast set (the
 // shape is the forward's: H,W input, Ho,Wo output, PH,PW the forward padding).
 //   go [N,Ho,Wo,C] in memory, w [C,1,K,K], gin [N,H,W,C] in memory.

@@ -1292,11 +1292,18 @@ bool launch_fwd_nhwc_v3(DType dt, const void* in, const void* w, const void* bia
 bool launch_fwd_nhwc_v2(DType dt, const void* in, const void* w, const void* bias,
                         void* out, const FastShape& s, bool flip,
                         cudaStream_t stream) {
-  // The default channels_last forward: the third-generation kernel for 16-bit
-  // types on the shapes where it beat the second-generation one (H200, batch 64, fp16 and bf16
-  // measured in one run: 1.06-1.25x at stride 1 on 28x28 and larger planes and on 5x5 filters
-  // over 14x14 and larger, 1.13x for 5x5 stride 2 on 56x56; 0.80-0.97x for 3x3 at stride 2 and
-  // for 3x3 on 14x14 / 7x7 planes), else the second-generation kernel.
+  // The default channels_last forward. For 16-bit types the fourth-generation
+  // direct kernel first, wherever it applies (C % 8 == 0, 16-byte aligned input
+  // and output); CUDADOCTOR_OPS_DW_V4=0 skips it. Then, as before it: the
+  // third-generation kernel for 16-bit types on the shapes where it beat the
+  // second-generation one (H200, batch 64, fp16 and bf16 measured in one run:
+  // 1.06-1.25x at stride 1 on 28x28 and larger planes and on 5x5 filters over
+  // 14x14 and larger, 1.13x for 5x5 stride 2 on 56x56; 0.80-0.97x for 3x3 at
+  // stride 2 and for 3x3 on 14x14 / 7x7 planes), else the second-generation
+  // kernel.
+  if (dt != DType::F32 && fwd_nhwc_v4_enabled() &&
+      launch_fwd_nhwc_v4(dt, in, w, bias, out, s, flip, stream))
+    return true;
   const bool v3_pays = s.S == 1 ? (s.H >= 28 || (s.K >= 5 && s.H >= 14)) : (s.K >= 5 && s.H >= 28);
   if (dt != DType::F32 && v3_pays && launch_fwd_nhwc_v3(dt, in, w, bias, out, s, flip, stream))
     return true;

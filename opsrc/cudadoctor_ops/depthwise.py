@@ -13,10 +13,14 @@ float32/float16/bfloat16, NCHW and channels_last) and direct reference kernels f
 (any kernel size, stride, dilation, padding, multiplier; float64 too). ``impl="direct"`` or the
 environment variable ``CUDADOCTOR_OPS_DEPTHWISE_IMPL=direct`` forces the reference kernels;
 ``impl="tiled_v1"`` runs the forward on the first-generation tiled kernels instead of the current
-ones, ``impl="v2"`` on the second-generation ones, and ``impl="nhwc_v3"`` runs the channels_last
-forward on the third-generation kernel (shared-memory tiles staged with cp.async; what ``"auto"``
-runs for float16/bfloat16) for every fast dtype, float32 included (the backward is the same as
-``"auto"`` for all three), so that they can be timed in one run.
+ones, ``impl="v2"`` on the second-generation ones, ``impl="nhwc_v3"`` runs the channels_last
+forward on the third-generation kernel (shared-memory tiles staged with cp.async) for every fast
+dtype, float32 included, and ``impl="nhwc_v4"`` on the fourth-generation direct kernel (no input
+staging; float16/bfloat16 only, what ``"auto"`` tries first for those dtypes unless
+``CUDADOCTOR_OPS_DW_V4=0``; its block shape from ``CUDADOCTOR_OPS_DW_V4_CFG=0|1|2``), so that they
+can be timed in one run. The stride-1 input gradient runs a forward kernel on the flipped filter:
+``"auto"`` tries the fourth-generation kernel first there as well, while ``"nhwc_v4"`` does not
+select it there (that path runs the second-generation kernel for it).
 The output keeps the input's memory format (channels_last in, channels_last out).
 """
 
@@ -30,7 +34,7 @@ from torch import nn
 
 __all__ = ["depthwise_conv2d", "DepthwiseConv2d"]
 
-_IMPLS = {"auto": 0, "direct": 1, "tiled_v1": 2, "nhwc_v3": 3, "v2": 4}
+_IMPLS = {"auto": 0, "direct": 1, "tiled_v1": 2, "nhwc_v3": 3, "v2": 4, "nhwc_v4": 5}
 _ENV_IMPL = "CUDADOCTOR_OPS_DEPTHWISE_IMPL"
 
 _IMPORT_IMPL = os.environ.get(_ENV_IMPL, "auto") or "auto"
@@ -200,8 +204,9 @@ def depthwise_conv2d(
     ``weight`` is ``[C * multiplier, 1, kh, kw]``; ``stride``, ``padding`` and ``dilation`` are
     ints or (h, w) pairs. ``impl``: ``"auto"`` (default; fast kernels where they apply) or
     ``"direct"`` (reference kernels) or ``"tiled_v1"`` / ``"v2"`` (forward on the first- /
-    second-generation fast kernels) or ``"nhwc_v3"`` (channels_last forward on the
-    third-generation kernel where it applies); ``None`` reads ``$CUDADOCTOR_OPS_DEPTHWISE_IMPL``.
+    second-generation fast kernels) or ``"nhwc_v3"`` / ``"nhwc_v4"`` (channels_last forward on the
+    third- / fourth-generation kernel where it applies); ``None`` reads
+    ``$CUDADOCTOR_OPS_DEPTHWISE_IMPL``.
     Inputs must be CUDA tensors of one dtype (float32, float16, bfloat16 or float64).
     """
     for name, t in (("input", input), ("weight", weight), ("bias", bias)):

@@ -711,6 +711,319 @@ def test_compiled_op_bad_arguments_raise_runtime_error_in_subprocess():
     assert proc.stdout.count("ok: ") == 10, report
 
 
+# ---- channels_last forward, fourth generation ---------------------------------------------------
+# "nhwc_v4" runs the fourth-generation channels_last kernel (a direct kernel: 8 channels x RW
+# outputs along W per thread, input read straight from global memory, weights staged in shared
+# memory) for float16/bfloat16 where it applies (C % 8 == 0, 16-byte aligned input and output),
+# else the second-generation kernel; "auto" tries it first for those dtypes (unless
+# CUDADOCTOR_OPS_DW_V4=0), also in the stride-1 input gradient (the forward kernel on the flipped
+# filter). Its block shape and outputs per thread come from CUDADOCTOR_OPS_DW_V4_CFG=0|1|2, read
+# once per process: the in-process tests below check the configuration of this process (0 unless
+# the variable is set), and one child process per configuration runs the same checks.
+
+V4_AVAILABLE = "nhwc_v4" in _dw_module._IMPLS
+V4_DTYPES = [torch.float16, torch.bfloat16]
+V4_KS = [(3, 1), (3, 2), (5, 1), (5, 2), (7, 1), (7, 2)]
+# Odd sizes, 3x3 / 5x5 (a 1x1 output plane at padding 0), one row, H smaller than the kernel, a
+# row wider than one block's patch. A 1x1 input plane is contiguous as well as channels_last,
+# so it takes the NCHW path (checked for the result only).
+V4_HW = [(7, 9), (13, 13), (3, 3), (5, 5), (1, 5), (3, 9), (14, 14), (9, 23), (1, 1)]
+# 200 channels = 25 vectors: not a multiple of the block's channel chunk.
+V4_C = [8, 24, 72, 200]
+# MobileNetV2 / EfficientNet-B0 layers at batch 2: several channel chunks and tiles per image.
+V4_LARGE = [
+    (2, 32, 112, 112, 3, 1),
+    (2, 96, 112, 112, 3, 2),
+    (2, 144, 56, 56, 3, 1),
+    (2, 144, 56, 56, 5, 2),
+    (2, 240, 28, 28, 5, 1),
+    (2, 672, 14, 14, 5, 1),
+    (2, 672, 14, 14, 5, 2),
+    (2, 960, 7, 7, 3, 1),
+    (2, 1152, 7, 7, 5, 1),
+]
+# (k, h, w, c) of the input-gradient checks; every padding in 0 .. k (k: a negative padding for
+# the flipped-filter forward) that the input admits.
+V4_BWD = [(3, 13, 11, 24), (5, 9, 14, 72), (7, 12, 10, 16), (3, 1, 6, 8), (5, 14, 14, 200)]
+V4_GRAD_TOL = {torch.float16: 4e-3, torch.bfloat16: 2.5e-2}
+
+
+def _v4_pads(k, h, w):
+    return [p for p in sorted({0, k // 2, k - 1}) if h + 2 * p >= k and w + 2 * p >= k]
+
+
+def _v4_rw(k, s, cfg):
+    """Outputs per thread along W of configuration cfg (mirrors V4Rw in depthwise_fwd_v4.cu)."""
+    small = s == 1 and k <= 5
+    if cfg == 1:
+        return 4 if small else 2
+    return 2 if small else 1
+
+
+def _v4_kernel_tag(dtype, k, s, cfg):
+    """The template arguments of the fwd_nhwc_v4 instantiation that configuration cfg runs."""
+    t = "c10::Half" if dtype == torch.float16 else "c10::BFloat16"
+    nt, minb = {0: (128, 8), 1: (128, 5), 2: (256, 4)}[cfg]
+    return f"fwd_nhwc_v4<{t}, {k}, {s}, {_v4_rw(k, s, cfg)}, {nt}, {minb}>"
+
+
+def _v4_forward_errors(dtype, k, s, h, w, c, n=2, pads=None, impls=("nhwc_v4", "auto"), seed=7):
+    """Forward of every impl in `impls` against F.conv2d in float64; returns the failures."""
+    errs = []
+    for p in _v4_pads(k, h, w) if pads is None else pads:
+        for bias in (True, False):
+            x, wt, b = _v3_tensors(n, c, h, w, k, dtype, bias, seed=seed + p)
+            ref = F.conv2d(x.double(), wt.double(), None if b is None else b.double(), s, p, 1,
+                           groups=c)
+            for impl in impls:
+                tag = f"{impl} {dtype} {(n, c, h, w)} k{k} s{s} p{p} bias={bias}"
+                out = depthwise_conv2d(x, wt, b, s, p, impl=impl)
+                if out.shape != ref.shape or out.dtype != dtype:
+                    errs.append(f"{tag}: shape {tuple(out.shape)} {out.dtype}")
+                    continue
+                if not x.is_contiguous() and not out.is_contiguous(
+                        memory_format=torch.channels_last):
+                    errs.append(f"{tag}: output not channels_last")
+                err = _rel_err(out, ref)
+                if not err < FWD_TOL[dtype]:
+                    errs.append(f"{tag}: relative error {err:.2e} against float64")
+    return errs
+
+
+def _v4_backward_errors(dtype, k, h, w, c, n=2, seed=11):
+    """Input gradient through impl=auto (stride 1: the forward kernel on the flipped filter)
+    against float64 autograd, every padding 0 .. k; returns the failures."""
+    errs = []
+    for p in range(k + 1):
+        if h + 2 * p < k or w + 2 * p < k:
+            continue
+        x, wt, b = _v3_tensors(n, c, h, w, k, dtype, True, seed=seed + p)
+        for t in (x, wt, b):
+            t.requires_grad_(True)
+        out = depthwise_conv2d(x, wt, b, 1, p)
+        g = torch.randn(out.shape, device=DEV, generator=torch.Generator(device=DEV).manual_seed(p))
+        g = g.to(dtype).contiguous(memory_format=torch.channels_last)
+        out.backward(g)
+        xd, wd, bd, ref = _ref(x, wt, b, 1, p, 1)
+        ref.backward(g.double())
+        tag = f"grad_input {dtype} {(n, c, h, w)} k{k} p{p}"
+        if x.grad is None or x.grad.shape != x.shape:
+            errs.append(f"{tag}: missing or misshapen gradient")
+            continue
+        err = _rel_err(x.grad, xd.grad)
+        if not err < V4_GRAD_TOL[dtype]:
+            errs.append(f"{tag}: relative error {err:.2e} against float64 autograd")
+    return errs
+
+
+def _v4_sweep():
+    """Every forward and input-gradient check of this section; returns the failures."""
+    errs = []
+    for dtype in V4_DTYPES:
+        for k, s in V4_KS:
+            for h, w in V4_HW:
+                for c in V4_C:
+                    errs += _v4_forward_errors(dtype, k, s, h, w, c)
+        for n, c, h, w, k, s in V4_LARGE:
+            errs += _v4_forward_errors(dtype, k, s, h, w, c, n=n, pads=[k // 2])
+        for k, h, w, c in V4_BWD:
+            errs += _v4_backward_errors(dtype, k, h, w, c)
+    return errs
+
+
+needs_v4 = pytest.mark.skipif(not V4_AVAILABLE, reason="this build has no nhwc_v4 impl")
+
+
+@needs_v4
+@pytest.mark.parametrize("c", V4_C)
+@pytest.mark.parametrize("hw", V4_HW, ids=lambda hw: f"{hw[0]}x{hw[1]}")
+@pytest.mark.parametrize("ks", V4_KS, ids=lambda ks: f"k{ks[0]}s{ks[1]}")
+@pytest.mark.parametrize("dtype", V4_DTYPES, ids=str)
+def test_nhwc_v4_forward_matches_float64(dtype, ks, hw, c):
+    k, s = ks
+    h, w = hw
+    errs = _v4_forward_errors(dtype, k, s, h, w, c)
+    assert not errs, "\n".join(errs)
+
+
+@needs_v4
+@pytest.mark.parametrize("case", V4_LARGE, ids=lambda t: "{}x{}x{}x{}-k{}-s{}".format(*t))
+@pytest.mark.parametrize("dtype", V4_DTYPES, ids=str)
+def test_nhwc_v4_forward_large(dtype, case):
+    n, c, h, w, k, s = case
+    errs = _v4_forward_errors(dtype, k, s, h, w, c, n=n, pads=[k // 2])
+    assert not errs, "\n".join(errs)
+
+
+@needs_v4
+@pytest.mark.parametrize("case", V4_BWD, ids=lambda t: "k{}-{}x{}-c{}".format(*t))
+@pytest.mark.parametrize("dtype", V4_DTYPES, ids=str)
+def test_nhwc_v4_input_gradient_through_auto(dtype, case):
+    k, h, w, c = case
+    errs = _v4_backward_errors(dtype, k, h, w, c)
+    assert not errs, "\n".join(errs)
+
+
+@needs_v4
+@pytest.mark.parametrize("dtype", V4_DTYPES, ids=str)
+def test_nhwc_v4_unaligned_weight_and_tensors(dtype):
+    # A weight one element into its storage: contiguous, but not 16-byte aligned (the kernel
+    # stages it element by element). Input / output views at a 2-byte offset: the 16-byte
+    # kernels step aside.
+    n, c, h, w = 2, 24, 11, 13
+    g = torch.Generator(device=DEV).manual_seed(8)
+    for k, s in V4_KS:
+        buf = torch.randn(c * k * k + 1, device=DEV, generator=g).to(dtype)
+        wt = buf[1:].view(c, 1, k, k)
+        assert wt.is_contiguous() and wt.data_ptr() % 16 != 0
+        b = torch.randn(c, device=DEV, generator=g).to(dtype)
+        x = torch.randn(n, c, h, w, device=DEV, generator=g).to(dtype)
+        x = x.contiguous(memory_format=torch.channels_last)
+        _v3_check(x, wt, b, s, k // 2, impls=["nhwc_v4", "auto"])
+        for offset in (1, 8):
+            xb = torch.randn(n * c * h * w + offset, device=DEV, generator=g).to(dtype)
+            xo = torch.as_strided(xb, (n, c, h, w), (h * w * c, 1, w * c, c), offset)
+            _v3_check(xo, wt, b, s, k // 2, impls=["nhwc_v4", "auto"])
+
+
+@needs_v4
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_nhwc_v4_kernel_runs_where_it_applies(dtype):
+    import os
+
+    def names(c, impl, offset=0, k=3, stride=1, backward=False):
+        hw = 14
+        buf = torch.randn(2 * c * hw * hw + offset, device=DEV).to(dtype)
+        x = torch.as_strided(buf, (2, c, hw, hw), (hw * hw * c, 1, hw * c, c), offset)
+        wt = torch.randn(c, 1, k, k, device=DEV).to(dtype)
+        if not backward:
+            return _cuda_kernel_names(lambda: depthwise_conv2d(x, wt, None, stride, k // 2,
+                                                               impl=impl))
+        # The backward alone (the forward runs outside the profiler).
+        x = x.detach().requires_grad_(True)
+        out = depthwise_conv2d(x, wt, None, stride, k // 2, impl=impl)
+        g = torch.randn_like(out)
+        return _cuda_kernel_names(lambda: torch.autograd.grad(out, x, g, retain_graph=True))
+
+    got = names(16, "nhwc_v4")
+    if not any("fwd" in n for n in got):
+        pytest.skip(f"the profiler recorded no forward kernel (kernels seen: {got})")
+    sixteen_bit = dtype != torch.float32
+    assert any("fwd_nhwc_v4" in n for n in got) == sixteen_bit, got
+    if sixteen_bit:
+        try:
+            cfg = int(os.environ.get("CUDADOCTOR_OPS_DW_V4_CFG", "0"))
+        except ValueError:
+            cfg = 0
+        cfg = cfg if cfg in (1, 2) else 0
+        tag = _v4_kernel_tag(dtype, 3, 1, cfg)
+        assert any(tag in n for n in got), (tag, got)
+    # C % 8 != 0 and a 2-byte offset: never the 16-byte kernel.
+    for c, offset in ((12, 0), (16, 1)):
+        got = names(c, "nhwc_v4", offset)
+        assert not any("fwd_nhwc_v4" in n for n in got), (c, offset, got)
+    if sixteen_bit and os.environ.get("CUDADOCTOR_OPS_DW_V4") != "0":
+        for k, stride in ((3, 1), (3, 2), (5, 1), (7, 2)):
+            got = names(16, "auto", k=k, stride=stride)
+            assert any("fwd_nhwc_v4" in n for n in got), ("auto", k, stride, got)
+        # The stride-1 input gradient runs the forward kernel on the flipped filter.
+        got = names(16, "auto", backward=True)
+        assert any("fwd_nhwc_v4" in n for n in got), got
+
+
+# One child process per CUDADOCTOR_OPS_DW_V4_CFG value: the whole sweep above, and a check that
+# the kernel of that configuration is the one that runs.
+_V4_CHILD_SCRIPT = r"""
+import os
+import sys
+
+sys.path.insert(0, sys.argv[1])
+import torch
+import test_depthwise as t
+
+
+def kernel_names(fn):
+    fn()  # errors of fn itself surface here, outside the profiler
+    torch.cuda.synchronize()
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        return [e.key for e in prof.key_averages()]
+    except (RuntimeError, AssertionError) as exc:
+        print(f"note: profiler unavailable ({exc}); kernel names not checked", flush=True)
+        return None
+
+
+cfg = int(os.environ["CUDADOCTOR_OPS_DW_V4_CFG"])
+failures = t._v4_sweep()
+for dtype in t.V4_DTYPES:
+    for k, s in t.V4_KS:
+        x, wt, b = t._v3_tensors(2, 16, 14, 14, k, dtype, True)
+        keys = kernel_names(lambda: t.depthwise_conv2d(x, wt, b, s, k // 2, impl="nhwc_v4"))
+        tag = t._v4_kernel_tag(dtype, k, s, cfg)
+        if keys and any("fwd" in key for key in keys) and not any(tag in key for key in keys):
+            failures.append(f"cfg {cfg}: {tag} did not run; kernels: {keys}")
+for f in failures:
+    print("FAIL:", f, flush=True)
+print(f"done: cfg {cfg}, {len(failures)} failures", flush=True)
+sys.exit(1 if failures else 0)
+"""
+
+# With CUDADOCTOR_OPS_DW_V4=0, "auto" must not run the fourth-generation kernel (and stays
+# correct); impl="nhwc_v4" still does.
+_V4_OFF_SCRIPT = _V4_CHILD_SCRIPT[: _V4_CHILD_SCRIPT.index("cfg = int(")] + r"""
+failures = []
+for dtype in t.V4_DTYPES:
+    failures += t._v4_forward_errors(dtype, 3, 1, 13, 13, 24, impls=("auto",))
+    failures += t._v4_backward_errors(dtype, 3, 13, 11, 24)
+    x, wt, b = t._v3_tensors(2, 16, 28, 28, 3, dtype, True)
+    for impl, expect in (("auto", False), ("nhwc_v4", True)):
+        keys = kernel_names(lambda: t.depthwise_conv2d(x, wt, b, 1, 1, impl=impl))
+        if keys and any("fwd" in key for key in keys) and (
+                any("fwd_nhwc_v4" in key for key in keys) != expect):
+            failures.append(f"CUDADOCTOR_OPS_DW_V4=0, impl={impl}: kernels {keys}")
+for f in failures:
+    print("FAIL:", f, flush=True)
+print(f"done: {len(failures)} failures", flush=True)
+sys.exit(1 if failures else 0)
+"""
+
+
+def _run_child_env(code: str, env_extra: dict):
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    pkg_parent = str(pathlib.Path(cudadoctor_ops.__file__).resolve().parents[1])
+    env = dict(os.environ)
+    env.update(env_extra)
+    env["PYTHONPATH"] = pkg_parent + os.pathsep + env.get("PYTHONPATH", "")
+    tests_dir = str(pathlib.Path(__file__).resolve().parent)
+    proc = subprocess.run([sys.executable, "-X", "faulthandler", "-c", code, tests_dir],
+                          capture_output=True, text=True, timeout=900, env=env)
+    report = f"rc={proc.returncode}\nstdout:\n{proc.stdout[-6000:]}\nstderr (tail):\n{proc.stderr[-3000:]}"
+    return proc, report
+
+
+@needs_v4
+@pytest.mark.parametrize("cfg", [0, 1, 2])
+def test_nhwc_v4_every_config_in_subprocess(cfg):
+    proc, report = _run_child_env(_V4_CHILD_SCRIPT, {"CUDADOCTOR_OPS_DW_V4_CFG": str(cfg)})
+    assert proc.returncode >= 0, f"child killed by signal {-proc.returncode}:\n{report}"
+    assert proc.returncode == 0 and f"done: cfg {cfg}, 0 failures" in proc.stdout, report
+
+
+@needs_v4
+def test_auto_without_nhwc_v4_in_subprocess():
+    proc, report = _run_child_env(_V4_OFF_SCRIPT, {"CUDADOCTOR_OPS_DW_V4": "0"})
+    assert proc.returncode >= 0, f"child killed by signal {-proc.returncode}:\n{report}"
+    assert proc.returncode == 0 and "done: 0 failures" in proc.stdout, report
+
+
 # ---- channels_last backward: second-generation weight gradient and stride-2 input gradient ----
 # auto runs, for channels_last tensors, the second-generation weight gradient (16- or 8-byte
 # channel vectors, one kernel row per thread, partials reduced in a fixed order) wherever C is a
