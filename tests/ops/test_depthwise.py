@@ -5,6 +5,8 @@ Every test needs a CUDA GPU and the built extension; without them the module ski
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -506,7 +508,13 @@ def _cuda_kernel_names(fn) -> list[str]:
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
-def test_auto_channels_last_forward_runs_nhwc_v3_for_16_bit_types(dtype):
+def test_auto_channels_last_forward_kernel_policy(dtype):
+    """impl=auto on channels_last: nhwc_v4 for 16-bit types wherever it applies (C % 8 == 0,
+    16-byte aligned), unless CUDADOCTOR_OPS_DW_V4=0 in this process, which gives the previous
+    policy: nhwc_v3 on the shapes where it beat v2. Never a 16-byte kernel on unaligned data."""
+    v4_on = os.environ.get("CUDADOCTOR_OPS_DW_V4", "") != "0"
+    fast = "fwd_nhwc_v4" if v4_on else "fwd_nhwc_v3"
+
     def names(c, offset=0, hw=28, k=3, stride=1):
         buf = torch.randn(2 * c * hw * hw + offset, device=DEV).to(dtype)
         x = torch.as_strided(buf, (2, c, hw, hw), (hw * hw * c, 1, hw * c, c), offset)
@@ -516,11 +524,16 @@ def test_auto_channels_last_forward_runs_nhwc_v3_for_16_bit_types(dtype):
     got = names(16)
     if not any("fwd" in n for n in got):
         pytest.skip(f"the profiler recorded no forward kernel (kernels seen: {got})")
-    assert any("fwd_nhwc_v3" in n for n in got) == (dtype != torch.float32), got
-    # C % 8 != 0 and a 2-byte offset: never the 16-byte kernel.
+    assert any(fast in n for n in got) == (dtype != torch.float32), got
+    # C % 8 != 0 and a 2-byte offset: never the 16-byte kernels.
     for c, offset in ((12, 0), (16, 1)):
         got = names(c, offset)
-        assert not any("fwd_nhwc_v3" in n for n in got), (c, offset, got)
+        assert not any("fwd_nhwc_v3" in n or "fwd_nhwc_v4" in n for n in got), (c, offset, got)
+    if v4_on:
+        for hw, k, stride in ((14, 3, 1), (28, 3, 2), (14, 5, 1), (9, 7, 2)):
+            got = names(16, hw=hw, k=k, stride=stride)
+            assert any("fwd_nhwc_v4" in n for n in got) == (dtype != torch.float32), (hw, k, stride, got)
+        return
     # the shapes where the second-generation kernel was faster: 3x3 on 14x14, 3x3 at stride 2
     for hw, k, stride in ((14, 3, 1), (28, 3, 2)):
         got = names(16, hw=hw, k=k, stride=stride)
