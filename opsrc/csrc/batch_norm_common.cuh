@@ -329,11 +329,11 @@ inline int vec_width(const Layout& l, std::initializer_list<const void*> ptrs) {
   return V;
 }
 
-// Resident blocks of `kernel` per SM with kThreads threads and `smem` bytes of dynamic shared
-// memory, cached per kernel (every GPU of a process is assumed to be of one kind; the count only
-// sizes grids).
+// Resident blocks of `kernel` per SM with `threads` threads per block and `smem` bytes of dynamic
+// shared memory, cached per kernel (every GPU of a process is assumed to be of one kind, and every
+// kernel is launched with one block size; the count only sizes grids).
 template <typename K>
-inline int blocks_per_sm(K kernel, size_t smem) {
+inline int blocks_per_sm(K kernel, size_t smem, int threads = kThreads) {
   static std::mutex mu;
   static std::unordered_map<const void*, int> cache;
   const void* key = reinterpret_cast<const void*>(kernel);
@@ -343,7 +343,7 @@ inline int blocks_per_sm(K kernel, size_t smem) {
     if (it != cache.end()) return it->second;
   }
   int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem) != cudaSuccess) {
     (void)cudaGetLastError();
     n = 2;
   }

@@ -622,6 +622,249 @@ __global__ void __launch_bounds__(kThreads, PersistMinBlocks<T, MAXR>::value)
   }
 }
 
+// ---- bn_tile_nhwc: the channel-tiled, semi-persistent channels-last training forward ----
+//
+// One cooperative launch with ONE grid barrier. The channels are cut into tiles of CT channels,
+// TX = CT / V packs of V = 16 / sizeof(T) channels each; block (TX, TY = THREADS / TX), grid
+// (tiles, splits). Thread (tx, ty) of block (tile, s) owns the V channels of pack
+// cv = tile * TX + tx in the rows r_k = s * TY + ty + k * splits * TY, k < MAXR (the launcher
+// keeps ceil(R / (splits * TY)) <= MAXR, so every row is some thread's); the TX threads of a row
+// read TX * 16 contiguous bytes.
+//   Phase 1: the thread loads all its packs into registers and accumulates them as
+//   bn_persist_nhwc does (Welford per row of the values shifted by K = the channel's first
+//   value); the block merges its rows (shuffles inside each warp, then across the warps through
+//   shared memory, in a fixed order) into one partial per channel:
+//   ws [tiles][splits][3][CT] = (mean of x - K, M2, count).
+//   Grid barrier.
+//   Phase 2: EVERY block merges the `splits` partials of its own tile (coalesced loads, a fixed
+//   order, so the blocks of a tile compute bit-identical coefficients) and finishes its channels
+//   with finish_channel; only the blocks with s == 0 store save_mean / save_invstd / reserve and
+//   update the running statistics.
+//   Phase 3: y = (x - K) * a + b (+ ReLU) from the packs still in registers, 16-byte stores; with
+//   `mask` (V == 8 only, else ignored) also one byte per pack at (element offset) / 8, bit i set
+//   when output element i of the pack is > 0 (Conv+BN+ReLU's mask format).
+// Against bn_persist_nhwc: one grid barrier instead of two; blocks * CT partials instead of
+// C * splits (splits = blocks / tiles: (64,512,7,7) float16 writes 128 * 32 partials where
+// bn_persist_nhwc writes 512 * 66); no serial warp-per-channel phase (a block
+// merges only its own tile's partials, splits * CT of them).
+// nbt (optional, int64 [1]): num_batches_tracked, incremented once by block (0, 0) after the
+// barrier (every read of it is before); with f.momentum < 0 the running statistics then take the
+// cumulative average, momentum = 1 / (num_batches_tracked + 1), as cbr_update_stats does.
+constexpr int kTileThreads = 256;  // threads per block of bn_tile_nhwc as launched
+constexpr int kTileMaxR = 8;       // packs held per thread
+constexpr int kTileMergeBatch = 4;  // partials a thread loads before merging them (phase 2)
+
+// Register caps of bn_tile_nhwc: 16-bit types 80 per thread (3 blocks of 256 per SM: MAXR = 8
+// packs are 32 registers, the V = 8 Welford states 24 more), float 64 (4 blocks: 4 channels per
+// pack).
+template <typename T, int THREADS>
+struct TileMinBlocks {
+  static constexpr int per256 = sizeof(T) == 4 ? 4 : 3;
+  static constexpr int value = per256 * 256 / THREADS > 0 ? per256 * 256 / THREADS : 1;
+};
+
+// Chan merge of lane + o's per-channel states into the calling lane's, all lanes of the warp
+// calling; the channels of a thread's pack share one count n. One channel at a time: two
+// shuffled values live at once.
+template <typename A, int V>
+__device__ __forceinline__ void shfl_merge_pack(A (&mean)[V], A (&m2)[V], A& n, int o) {
+  const A nb = __shfl_down_sync(0xffffffffu, n, o);
+  const A nn = n + nb;
+  const A f = nn > A(0) ? fast_div(nb, nn) : A(0);
+  const A g = n * f;
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    const A mb = __shfl_down_sync(0xffffffffu, mean[i], o);
+    const A qb = __shfl_down_sync(0xffffffffu, m2[i], o);
+    const A d = mb - mean[i];
+    mean[i] += d * f;
+    m2[i] += qb + d * d * g;
+  }
+  n = nn;
+}
+
+// For every channel j < CT: merges the P partials red[k][j][0 .. P-1] (k: mean, M2, count) in a
+// fixed order, P consecutive lanes per channel (P divides 32) and a shuffle tree; emit(j, mean,
+// M2, count) runs on the first lane of the channel's lanes. Every thread of the block calls it
+// (CT * P is a multiple of 32: the loop is warp-uniform).
+template <typename A, int CT, int P, int THREADS, int P1, typename F>
+__device__ __forceinline__ void tile_merge_slots(const A (&red)[3][CT][P1], int tid, F&& emit) {
+  static_assert(32 % P == 0 && (CT * P) % 32 == 0 && P < P1, "slots of tile_merge_slots");
+  for (int q = tid; q < CT * P; q += THREADS) {
+    const int j = q / P, w = q % P;
+    A m = red[0][j][w], s = red[1][j][w], n = red[2][j][w];
+#pragma unroll
+    for (int o = P / 2; o > 0; o >>= 1) {
+      const A mb = __shfl_down_sync(0xffffffffu, m, o);
+      const A sb = __shfl_down_sync(0xffffffffu, s, o);
+      const A nb = __shfl_down_sync(0xffffffffu, n, o);
+      welford_merge(m, s, n, mb, sb, nb);
+    }
+    if (w == 0) emit(j, m, s, n);
+  }
+}
+
+template <typename T, int CT, int THREADS, int MAXR>
+__global__ void __launch_bounds__(THREADS, TileMinBlocks<T, THREADS>::value)
+    bn_tile_nhwc(const T* __restrict__ x, T* __restrict__ y, uint8_t* __restrict__ mask,
+                 FwdArgs<typename Acc<T>::type> f, typename Acc<T>::type* ws, int64_t* nbt,
+                 int64_t R, int64_t C, bool relu) {
+  using A = typename Acc<T>::type;
+  constexpr int V = 16 / int(sizeof(T));
+  constexpr int TX = CT / V;
+  constexpr int TY = THREADS / TX;
+  constexpr int W = THREADS / 32;  // warps: the partials of phase 1's cross-warp merge
+  constexpr int G = THREADS / CT;  // thread groups of phase 2, one partial per channel each
+  constexpr int P1 = (W > G ? W : G) + 1;  // odd row length: few bank conflicts
+  static_assert(CT % V == 0 && 32 % TX == 0 && THREADS % CT == 0 && CT % 32 == 0 &&
+                    THREADS % 32 == 0 && W <= 32 && G <= 32,
+                "bn_tile_nhwc shape");
+  __shared__ A red[3][CT][P1];
+  __shared__ A coef[3][CT];
+  __shared__ A s_momentum;
+  cg::grid_group grid = cg::this_grid();
+  const int tx = threadIdx.x;
+  const int tid = threadIdx.y * TX + tx;
+  const int lane = tid & 31, warp = tid >> 5;
+  const int tile = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
+  const int64_t cv = int64_t(tile) * TX + tx;
+  const bool active = cv < C / V;
+  const int64_t rstride = int64_t(splits) * TY;
+  const int64_t r0 = int64_t(split) * TY + threadIdx.y;
+  const T* xc = x + cv * V;  // this thread's channels in row 0
+  A* wt = ws + int64_t(tile) * splits * 3 * CT;  // this tile's partials [splits][3][CT]
+  Pack<T, V> p[MAXR];
+  int64_t nbt_old = 0;
+
+  // ---- phase 1: load every pack of the thread, the block's partial per channel ----
+  {
+    A K[V], mean[V], m2[V];
+    A n = 0;
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      K[i] = 0;
+      mean[i] = 0;
+      m2[i] = 0;
+    }
+    if (active) {
+      const Pack<T, V> k = *reinterpret_cast<const Pack<T, V>*>(xc);
+#pragma unroll
+      for (int u = 0; u < MAXR; ++u)
+        if (r0 + u * rstride < R)
+          p[u] = *reinterpret_cast<const Pack<T, V>*>(xc + (r0 + u * rstride) * C);
+#pragma unroll
+      for (int i = 0; i < V; ++i) K[i] = static_cast<A>(k.v[i]);
+#pragma unroll
+      for (int u = 0; u < MAXR; ++u)
+        if (r0 + u * rstride < R) welford_row<A, T, V>(p[u], K, mean, m2, n);
+    }
+    // the rows of the warp (lanes tx, tx + TX, ...) into lane tx
+#pragma unroll
+    for (int o = 16; o >= TX; o >>= 1) shfl_merge_pack<A, V>(mean, m2, n, o);
+    if (lane < TX) {  // lane == tx here (TX divides 32)
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        red[0][lane * V + i][warp] = mean[i];
+        red[1][lane * V + i][warp] = m2[i];
+        red[2][lane * V + i][warp] = n;
+      }
+    }
+    if (tid == 0) {
+      A m = f.momentum;
+      if (nbt != nullptr) {
+        nbt_old = *nbt;
+        if (f.momentum < A(0)) m = A(1) / static_cast<A>(nbt_old + 1);
+      }
+      s_momentum = m;
+    }
+    __syncthreads();
+    tile_merge_slots<A, CT, W, THREADS, P1>(red, tid, [&](int j, A m, A s, A cnt) {
+      A* o = wt + int64_t(split) * 3 * CT + j;
+      o[0] = m;
+      o[CT] = s;
+      o[2 * CT] = cnt;
+    });
+  }
+  grid.sync();
+
+  // ---- phase 2: every block merges its tile's partials and finishes its channels ----
+  if (nbt != nullptr && tile == 0 && split == 0 && tid == 0) *nbt = nbt_old + 1;
+  {
+    const int j = tid % CT, g = tid / CT;
+    A m = 0, s = 0, cnt = 0;
+    // written by this launch: loads through L2 (__ldcg), never the read-only path
+    for (int s0 = g; s0 < splits; s0 += G * kTileMergeBatch) {
+      A pm[kTileMergeBatch], pq[kTileMergeBatch], pn[kTileMergeBatch];
+#pragma unroll
+      for (int u = 0; u < kTileMergeBatch; ++u) {
+        const int sp = s0 + u * G;
+        pm[u] = 0;
+        pq[u] = 0;
+        pn[u] = 0;
+        if (sp < splits) {
+          const A* q = wt + int64_t(sp) * 3 * CT + j;
+          pm[u] = __ldcg(q);
+          pq[u] = __ldcg(q + CT);
+          pn[u] = __ldcg(q + 2 * CT);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kTileMergeBatch; ++u)
+        if (s0 + u * G < splits) welford_merge(m, s, cnt, pm[u], pq[u], pn[u]);
+    }
+    red[0][j][g] = m;
+    red[1][j][g] = s;
+    red[2][j][g] = cnt;
+  }
+  __syncthreads();
+  {
+    FwdArgs<A> fa = f;
+    fa.momentum = s_momentum;
+    tile_merge_slots<A, CT, G, THREADS, P1>(red, tid, [&](int j, A m, A s, A cnt) {
+      const int64_t c = int64_t(tile) * CT + j;
+      A K = 0, a = 0, b = 0;
+      if (c < C) finish_channel(x, c, fa, m, s, cnt, split == 0, K, a, b);
+      coef[0][j] = K;
+      coef[1][j] = a;
+      coef[2][j] = b;
+    });
+  }
+  __syncthreads();
+
+  // ---- phase 3: y (and the mask) from the packs held since phase 1 ----
+  if (!active) return;
+  A K[V], a[V], b[V];
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    K[i] = coef[0][tx * V + i];
+    a[i] = coef[1][tx * V + i];
+    b[i] = coef[2][tx * V + i];
+  }
+  T* yc = y + cv * V;
+#pragma unroll
+  for (int u = 0; u < MAXR; ++u) {
+    const int64_t r = r0 + u * rstride;
+    if (r < R) {
+      persist_opaque(p[u]);
+      Pack<T, V> o;
+#pragma unroll
+      for (int i = 0; i < V; ++i)
+        o.v[i] = static_cast<T>(act((static_cast<A>(p[u].v[i]) - K[i]) * a[i] + b[i], relu));
+      *reinterpret_cast<Pack<T, V>*>(yc + r * C) = o;
+      if constexpr (V == 8) {
+        if (mask != nullptr) {
+          // the pack's 8 elements start at element r * C + cv * 8
+          unsigned byte = 0;
+#pragma unroll
+          for (int i = 0; i < V; ++i)
+            byte |= (static_cast<A>(o.v[i]) > A(0) ? 1u : 0u) << i;
+          mask[r * (C / 8) + cv] = static_cast<uint8_t>(byte);
+        }
+      }
+    }
+  }
+}
+
 // Channels-last training forward of a small tensor in ONE cooperative launch (every block
 // resident): stats partials as bn_stats_nhwc -> grid barrier -> every warp of the grid finishes
 // channels (save_mean / save_invstd / reserve, coef [C, 3]) -> grid barrier -> each block applies
@@ -903,8 +1146,167 @@ bool launch_persist_nhwc(const Layout& l, const T* x, T* y, FwdArgs<typename Acc
   return launch_persist_nhwc_maxr<T, V, 8>(l, x, y, f, acc_opts, relu, device, stream);
 }
 
-// Tries the one-launch channels-last training forward (bn_persist_nhwc where it fits, else
-// bn_fused_nhwc); false when it does not apply (the caller then runs stats -> finalize -> apply).
+// CUDADOCTOR_OPS_BN_NHWC_TILE=0 keeps batch_norm off bn_tile_nhwc (read once; the one-launch
+// channels-last forward then tries bn_persist_nhwc first, as before). Both also apply to the
+// Conv+BN+ReLU forward's use of the kernel: CUDADOCTOR_OPS_BN_NHWC_TILE_CT=32 / 64 fixes the tile
+// width (unset: tile_pick chooses), CUDADOCTOR_OPS_BN_NHWC_TILE_SPLITS=S the splits wherever S
+// splits fit (unset or not fitting: tile_grid's policy). All read once.
+inline int tile_nhwc_setting() {
+  static const int v = env_switch("CUDADOCTOR_OPS_BN_NHWC_TILE");
+  return v;
+}
+
+inline int tile_nhwc_ct() {
+  static const int v = [] {
+    const char* e = std::getenv("CUDADOCTOR_OPS_BN_NHWC_TILE_CT");
+    const int t = e ? std::atoi(e) : 0;
+    return t == 32 || t == 64 ? t : 0;
+  }();
+  return v;
+}
+
+inline int tile_nhwc_splits() {
+  static const int v = [] {
+    const char* e = std::getenv("CUDADOCTOR_OPS_BN_NHWC_TILE_SPLITS");
+    const int s = e ? std::atoi(e) : 0;
+    return s >= 1 && s <= kMaxSplits ? s : 0;
+  }();
+  return v;
+}
+
+// A grid of bn_tile_nhwc: tiles of ct channels, `splits` blocks per tile (0: no grid fits), at
+// most `waves` blocks per SM.
+struct TileGrid {
+  int ct = 0;
+  int64_t tiles = 0;
+  int splits = 0;
+  int waves = 0;
+};
+
+// Splits of bn_tile_nhwc for R rows, C channels in tiles of ct, TY rows per block, sms SMs and
+// per_sm resident blocks per SM, every thread holding at most maxr rows. Policy: the fewest
+// waves. For b = 1, 2, .. per_sm blocks per SM: splits = floor(b * sms / tiles) (the grid never
+// puts more than b blocks on an SM, at most one block per TY rows); the first b whose rows per
+// thread ceil(R / (splits * TY)) are <= maxr. Every block of the launch reads its rows at once
+// and the phases are latency-bound, so the time follows the most loaded SM: e.g. (64,512,7,7)
+// float16 in tiles of 32 runs 8 splits = 128 blocks of <= 7 rows per thread on 128 SMs, where 9
+// splits (144 blocks, every SM busy) would put 2 blocks of 6 rows on 12 SMs. The splits also stay
+// small (a few to a few dozen: phase 2 merges splits * ct partials per block). A forced
+// CUDADOCTOR_OPS_BN_NHWC_TILE_SPLITS wins where it fits.
+inline TileGrid tile_grid(int64_t R, int64_t C, int ct, int64_t ty, int sms, int per_sm,
+                          int maxr) {
+  TileGrid g;
+  g.ct = ct;
+  g.tiles = (C + ct - 1) / ct;
+  const int64_t most = (R + ty - 1) / ty;  // more splits would leave blocks without rows
+  auto rows = [&](int64_t s) { return (R + s * ty - 1) / (s * ty); };
+  const int64_t resident = int64_t(sms) * per_sm;
+  const int forced = tile_nhwc_splits();
+  if (forced > 0) {
+    const int64_t s = forced < most ? forced : most;
+    if (g.tiles * s <= resident && rows(s) <= maxr) {
+      g.splits = static_cast<int>(s);
+      g.waves = static_cast<int>((g.tiles * s + sms - 1) / sms);
+      return g;
+    }
+  }
+  for (int b = 1; b <= per_sm; ++b) {
+    int64_t s = int64_t(b) * sms / g.tiles;
+    if (s > most) s = most;
+    if (s > kMaxSplits) s = kMaxSplits;
+    if (s < 1) continue;
+    if (rows(s) <= maxr) {
+      g.splits = static_cast<int>(s);
+      g.waves = b;
+      return g;
+    }
+  }
+  return g;
+}
+
+// Of two grids (tile widths 32 and 64), the one that fits with the fewest waves; then the one
+// with fewer idle channel slots in the last tile (C = 200: 7 tiles of 32 leave 24 idle, 4 of 64
+// leave 56); then 32 (half the partials and phase-2 merging of 64 at the same block count).
+inline TileGrid tile_pick(const TileGrid& a, const TileGrid& b, int64_t C) {
+  if (a.splits < 1) return b;
+  if (b.splits < 1) return a;
+  if (a.waves != b.waves) return a.waves < b.waves ? a : b;
+  const int64_t ia = a.tiles * a.ct - C, ib = b.tiles * b.ct - C;
+  if (ia != ib) return ia < ib ? a : b;
+  return a.ct <= b.ct ? a : b;
+}
+
+template <typename T, int CT>
+TileGrid tile_grid_ct(int64_t R, int64_t C, int device) {
+  constexpr int V = 16 / int(sizeof(T));
+  constexpr int TY = kTileThreads / (CT / V);
+  const int per_sm = blocks_per_sm(bn_tile_nhwc<T, CT, kTileThreads, kTileMaxR>, 0, kTileThreads);
+  return tile_grid(R, C, CT, TY, sm_count(device), per_sm, kTileMaxR);
+}
+
+template <typename T, int CT>
+bool launch_tile_grid(const TileGrid& g, const T* x, T* y, uint8_t* mask,
+                      FwdArgs<typename Acc<T>::type>& f, int64_t* nbt, int64_t R, int64_t C,
+                      bool relu, const at::TensorOptions& acc_opts, bool reserve_in_ws,
+                      cudaStream_t stream) {
+  using A = typename Acc<T>::type;
+  constexpr int V = 16 / int(sizeof(T));
+  constexpr int TX = CT / V;
+  // partials [tiles][splits][3][CT], then (reserve_in_ws) the reserve [C]
+  const int64_t parts = g.tiles * g.splits * 3 * CT;
+  at::Tensor ws = at::empty({parts + (reserve_in_ws ? C : 0)}, acc_opts);
+  A* wsp = ws.data_ptr<A>();
+  if (reserve_in_ws) f.reserve = wsp + parts;
+  int64_t Rr = R, Cc = C;
+  void* args[] = {const_cast<T**>(&x), &y, &mask, &f, &wsp, &nbt, &Rr, &Cc, &relu};
+  return launch_cooperative(
+      reinterpret_cast<const void*>(bn_tile_nhwc<T, CT, kTileThreads, kTileMaxR>),
+      dim3(static_cast<unsigned>(g.tiles), static_cast<unsigned>(g.splits)),
+      dim3(TX, kTileThreads / TX), args, 0, stream);
+}
+
+// bn_tile_nhwc on x, y: [R, C] (C % (16 / sizeof(T)) == 0, 16-byte aligned) when a resident grid
+// gives every thread <= kTileMaxR rows; false otherwise (nothing launched). mask: see the kernel
+// (nullptr for none). reserve_in_ws: f.reserve is pointed into the workspace (callers without a
+// reserve output).
+template <typename T>
+bool launch_tile_nhwc(const T* x, T* y, uint8_t* mask, FwdArgs<typename Acc<T>::type>& f,
+                      int64_t* nbt, int64_t R, int64_t C, bool relu,
+                      const at::TensorOptions& acc_opts, bool reserve_in_ws, int device,
+                      cudaStream_t stream) {
+  static_assert(sizeof(T) <= 4, "bn_tile_nhwc: float, float16, bfloat16");
+  if (R < 1 || C < 1 || !cooperative_ok(device)) return false;
+  const int forced = tile_nhwc_ct();
+  TileGrid g32, g64;
+  if (forced != 64) g32 = tile_grid_ct<T, 32>(R, C, device);
+  if (forced != 32) g64 = tile_grid_ct<T, 64>(R, C, device);
+  const TileGrid g = tile_pick(g32, g64, C);
+  if (g.splits < 1) return false;
+  if (g.ct == 32)
+    return launch_tile_grid<T, 32>(g, x, y, mask, f, nbt, R, C, relu, acc_opts, reserve_in_ws,
+                                   stream);
+  return launch_tile_grid<T, 64>(g, x, y, mask, f, nbt, R, C, relu, acc_opts, reserve_in_ws,
+                                 stream);
+}
+
+// batch_norm's channels-last training forward through bn_tile_nhwc where it applies (16-byte
+// packs, float / float16 / bfloat16, CUDADOCTOR_OPS_BN_NHWC_TILE not 0, a grid that fits).
+template <typename T, int V>
+bool launch_tile_nhwc_op(const Layout& l, const T* x, T* y, FwdArgs<typename Acc<T>::type>& f,
+                         const at::TensorOptions& acc_opts, bool relu, int device,
+                         cudaStream_t stream) {
+  if constexpr (sizeof(T) > 4 || V != 16 / int(sizeof(T))) {
+    return false;
+  } else {
+    if (tile_nhwc_setting() == 0) return false;
+    return launch_tile_nhwc<T>(x, y, nullptr, f, nullptr, l.N * l.HW, l.C, relu, acc_opts, false,
+                               device, stream);
+  }
+}
+
+// Tries the one-launch channels-last training forward (bn_tile_nhwc where it fits, else
+// bn_persist_nhwc where it fits, else bn_fused_nhwc); false when it does not apply (the caller
+// then runs stats -> finalize -> apply).
 template <typename T, int V>
 bool launch_fused_nhwc(const Layout& l, const T* x, T* y, FwdArgs<typename Acc<T>::type>& f,
                        const at::TensorOptions& acc_opts, bool relu, int device,
@@ -916,6 +1318,7 @@ bool launch_fused_nhwc(const Layout& l, const T* x, T* y, FwdArgs<typename Acc<T
   const int64_t bytes = R * l.C * int64_t(sizeof(T));
   if (setting < 0 && bytes > kFusedMaxBytes) return false;
   if (!cooperative_ok(device)) return false;
+  if (launch_tile_nhwc_op<T, V>(l, x, y, f, acc_opts, relu, device, stream)) return true;
   if (launch_persist_nhwc<T, V>(l, x, y, f, acc_opts, relu, device, stream)) return true;
   const size_t smem = size_t(kThreads) * V * 3 * sizeof(A);
   const int per_sm = blocks_per_sm(bn_fused_nhwc<T, V>, smem);
@@ -964,8 +1367,9 @@ bool launch_fused_nchw(const Layout& l, const T* x, T* y, FwdArgs<typename Acc<T
 }
 
 // Launches: NCHW training: stats -> apply (which finishes its channel itself), or bn_fused_nchw
-// alone for small tensors; NCHW eval: apply; NHWC training: stats -> finalize -> apply, or
-// bn_fused_nhwc alone for small tensors; NHWC eval: apply. urm / urv (training only, may be
+// alone for small tensors; NCHW eval: apply; NHWC training: stats -> finalize -> apply, or one
+// cooperative kernel for small tensors (bn_tile_nhwc, bn_persist_nhwc or bn_fused_nhwc, see
+// launch_fused_nhwc); NHWC eval: apply. urm / urv (training only, may be
 // undefined): running statistics updated in place where the saved statistics are stored.
 template <typename T, int V>
 void launch_forward(const Layout& l, const at::Tensor& out, bool training, double eps,
@@ -1180,6 +1584,65 @@ void batch_norm_update_stats_cuda(const at::Tensor& running_mean, const at::Tens
 }
 
 }  // namespace
+
+bool batch_norm_relu_mask_nhwc_train(const at::Tensor& x, const at::Tensor& out,
+                                     const at::Tensor& mask, const at::Tensor& weight,
+                                     const at::Tensor& bias, double eps,
+                                     const at::Tensor& save_mean, const at::Tensor& save_invstd,
+                                     const at::Tensor& running_mean,
+                                     const at::Tensor& running_var,
+                                     const at::Tensor& num_batches_tracked, double momentum) {
+  const auto st = x.scalar_type();
+  if (st != at::kHalf && st != at::kBFloat16) return false;
+  if (!x.is_cuda() || x.dim() < 2 || x.numel() == 0) return false;
+  const Layout l = make_layout(x);
+  if (!l.nhwc || !l.x.is_same(x)) return false;
+  const int64_t C = l.C, R = l.N * l.HW;
+  constexpr int V = 8;
+  if (C % V != 0 || R < 2) return false;
+  if (out.scalar_type() != st || out.sizes() != x.sizes() || out.strides() != x.strides())
+    return false;
+  if (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 != 0)
+    return false;
+  if (mask.scalar_type() != at::kByte || mask.numel() < (x.numel() + 7) / 8) return false;
+  if (save_mean.scalar_type() != at::kFloat || save_invstd.scalar_type() != at::kFloat) return false;
+  const bool update = running_mean.defined() && running_var.defined();
+  const int device = x.get_device();
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  FwdArgs<float> f;
+  f.ws = nullptr;
+  f.splits = 0;
+  f.eps = static_cast<float>(eps);
+  f.training = true;
+  f.rmean = nullptr;
+  f.rvar = nullptr;
+  f.rkind = kAbsent;
+  f.rvkind = kAbsent;
+  f.weight = param_ptr(weight);
+  f.wkind = param_kind(weight);
+  f.bias = param_ptr(bias);
+  f.bkind = param_kind(bias);
+  f.save_mean = save_mean.data_ptr<float>();
+  f.save_invstd = save_invstd.data_ptr<float>();
+  f.reserve = nullptr;  // in the workspace
+  f.k_stride = 1;
+  f.upd_mean = update ? running_mean.data_ptr() : nullptr;
+  f.upd_var = update ? running_var.data_ptr() : nullptr;
+  f.umkind = update ? param_kind(running_mean) : kAbsent;
+  f.uvkind = update ? param_kind(running_var) : kAbsent;
+  f.momentum = static_cast<float>(momentum);
+  int64_t* nbt = num_batches_tracked.defined() ? num_batches_tracked.data_ptr<int64_t>() : nullptr;
+  uint8_t* mp = mask.data_ptr<uint8_t>();
+  const auto acc_opts = save_mean.options();
+  if (st == at::kHalf) {
+    return launch_tile_nhwc<at::Half>(l.x.data_ptr<at::Half>(), out.data_ptr<at::Half>(), mp, f,
+                                      nbt, R, C, true, acc_opts, true, device, stream);
+  }
+  return launch_tile_nhwc<at::BFloat16>(l.x.data_ptr<at::BFloat16>(),
+                                        out.data_ptr<at::BFloat16>(), mp, f, nbt, R, C, true,
+                                        acc_opts, true, device, stream);
+}
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_train_update_cuda(
     const at::Tensor& input, const c10::optional<at::Tensor>& weight,

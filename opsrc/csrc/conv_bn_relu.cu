@@ -44,6 +44,7 @@
 #include <cstdlib>
 #include <numeric>
 
+#include "batch_norm.h"
 #include "batch_norm_common.cuh"
 
 namespace cudadoctor_ops {
@@ -1430,6 +1431,14 @@ bool cbr_v1_selected() {
   return e != nullptr && e[0] != '\0' && !(e[0] == '0' && e[1] == '\0');
 }
 
+// The training backward's BatchNorm part runs on BatchNorm's backward kernels with the ReLU
+// mask (bn::relu_mask_backward_cuda) unless CUDADOCTOR_OPS_CBR_BN_BWD=0 (then the CBR kernels
+// below, v2 / v1 as above); read at every call.
+bool cbr_bn_bwd_selected() {
+  const char* e = std::getenv("CUDADOCTOR_OPS_CBR_BN_BWD");
+  return !(e != nullptr && e[0] == '0' && e[1] == '\0');
+}
+
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // The v2 kernels index groups with 32-bit integers.
@@ -1568,15 +1577,110 @@ void grad_conv_out_v2(const Layout& l, const at::Tensor& dy, const at::Tensor& m
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// One block: running statistics of every channel and num_batches_tracked (read by all threads
+// before thread 0 increments it).
+template <typename A>
+__global__ void cbr_update_stats(void* rmean, int mkind, void* rvar, int vkind,
+                                 int64_t* __restrict__ nbt, const A* __restrict__ save_mean,
+                                 const A* __restrict__ save_invstd, int64_t C, double momentum,
+                                 double eps, int64_t count) {
+  A m = static_cast<A>(momentum);
+  if (nbt != nullptr) {
+    const int64_t n = nbt[0] + 1;
+    if (momentum < 0) m = A(1) / static_cast<A>(n);
+    __syncthreads();
+    if (threadIdx.x == 0) nbt[0] = n;
+  }
+  if (rmean == nullptr || rvar == nullptr || count <= 0) return;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    const A inv = save_invstd[c];
+    A var = A(1) / (inv * inv) - static_cast<A>(eps);
+    if (var < A(0)) var = A(0);
+    const A unbiased = var * (static_cast<A>(count) / static_cast<A>(count - 1));
+    const A old_m = bn::load_param<A>(rmean, mkind, c, A(0));
+    const A old_v = bn::load_param<A>(rvar, vkind, c, A(0));
+    bn::store_param<A>(rmean, mkind, c, (A(1) - m) * old_m + m * save_mean[c]);
+    bn::store_param<A>(rvar, vkind, c, (A(1) - m) * old_v + m * unbiased);
+  }
+}
+
+// What conv_bn_relu_update_stats does to the running statistics (undefined tensors: none; the
+// running statistics are used only when both are given).
+struct StatsUpdate {
+  at::Tensor rm, rv, nbt;
+  double momentum = 0;
+  bool any() const { return rm.defined() || nbt.defined(); }
+};
+
+// The checks of conv_bn_relu_update_stats on its arguments for C channels on `device`.
+StatsUpdate check_stats_update(const char* op, const std::optional<at::Tensor>& running_mean,
+                               const std::optional<at::Tensor>& running_var,
+                               const std::optional<at::Tensor>& num_batches_tracked,
+                               const at::Device& device, int64_t C, double momentum) {
+  const bool stats = running_mean.has_value() && running_mean->defined() &&
+                     running_var.has_value() && running_var->defined();
+  const bool has_nbt = num_batches_tracked.has_value() && num_batches_tracked->defined();
+  for (const auto* t : {&running_mean, &running_var}) {
+    if (!stats) break;
+    const at::Tensor& r = **t;
+    const char* name = t == &running_mean ? "running_mean" : "running_var";
+    TORCH_CHECK(r.device() == device, op, ": ", name, " is on ", r.device(),
+                " but the batch statistics are on ", device);
+    TORCH_CHECK(r.dim() == 1 && r.numel() == C && r.is_contiguous(), op, ": ", name,
+                " must be a contiguous tensor of shape [", C, "], got ", r.sizes());
+    TORCH_CHECK(bn::param_kind(r) != bn::kAbsent, op, ": ", name,
+                " must be floating point, got ", r.scalar_type());
+  }
+  if (has_nbt) {
+    TORCH_CHECK(num_batches_tracked->device() == device &&
+                    num_batches_tracked->scalar_type() == at::kLong &&
+                    num_batches_tracked->numel() == 1,
+                op, ": num_batches_tracked must be a one-element int64 tensor on ", device);
+  }
+  StatsUpdate u;
+  if (stats) {
+    u.rm = *running_mean;
+    u.rv = *running_var;
+  }
+  if (has_nbt) u.nbt = *num_batches_tracked;
+  u.momentum = momentum;
+  return u;
+}
+
+// cbr_update_stats on the current stream for batch statistics of `count` values per channel.
+void launch_stats_update(const StatsUpdate& u, const at::Tensor& save_mean,
+                         const at::Tensor& save_invstd, double eps, int64_t count) {
+  if (!u.any()) return;
+  const int64_t C = save_mean.numel();
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(save_mean.get_device()).stream();
+  const bool stats = u.rm.defined();
+  int64_t* nbt = u.nbt.defined() ? u.nbt.data_ptr<int64_t>() : nullptr;
+  void* rm = stats ? u.rm.data_ptr() : nullptr;
+  void* rv = stats ? u.rv.data_ptr() : nullptr;
+  const int mk = stats ? bn::param_kind(u.rm) : bn::kAbsent;
+  const int vk = stats ? bn::param_kind(u.rv) : bn::kAbsent;
+  const at::Tensor sm = save_mean.contiguous(), si = save_invstd.contiguous();
+  if (sm.scalar_type() == at::kDouble) {
+    cbr_update_stats<double><<<1, 256, 0, stream>>>(rm, mk, rv, vk, nbt, sm.data_ptr<double>(),
+                                                    si.data_ptr<double>(), C, u.momentum, eps,
+                                                    count);
+  } else {
+    cbr_update_stats<float><<<1, 256, 0, stream>>>(rm, mk, rv, vk, nbt, sm.data_ptr<float>(),
+                                                   si.data_ptr<float>(), C, u.momentum, eps,
+                                                   count);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 // ---------------------------------------------------------------- ops
 
-// -> (out, conv_out, save_mean, save_invstd, mask)
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_bn_relu_train_cuda(
-    const at::Tensor& input, const at::Tensor& conv_weight,
-    const std::optional<at::Tensor>& conv_bias, const std::optional<at::Tensor>& bn_weight,
-    const std::optional<at::Tensor>& bn_bias, double eps, at::IntArrayRef stride,
-    at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups) {
-  constexpr const char* op = "cudadoctor_ops.conv_bn_relu";
+using TrainOut = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+// The argument checks of conv_bn_relu_train that need no convolution output.
+void check_train_args(const char* op, const at::Tensor& input, const at::Tensor& conv_weight,
+                      const std::optional<at::Tensor>& conv_bias, double eps,
+                      at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                      int64_t groups) {
   check_common(op, input, conv_weight, stride, padding, dilation, groups);
   if (conv_bias.has_value() && conv_bias->defined()) {
     TORCH_CHECK(conv_bias->dim() == 1 && conv_bias->size(0) == conv_weight.size(0), op,
@@ -1588,6 +1692,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_bn_r
                 conv_bias->scalar_type(), " on ", conv_bias->device());
   }
   TORCH_CHECK(eps >= 0, op, ": eps must be >= 0, got ", eps);
+}
+
+// The training forward; upd (may be null): the running-statistics update of the same step (see
+// conv_bn_relu_train_update_cuda). Channels-last float16 / bfloat16 (NHWC kernels not forced to
+// v1, CUDADOCTOR_OPS_CBR_TILE not 0): bn::batch_norm_relu_mask_nhwc_train first (BN, ReLU, mask
+// and the update in one launch), where it does not apply the v2 (or v1) kernels and then
+// cbr_update_stats.
+TrainOut train_impl(const char* op, const at::Tensor& input, const at::Tensor& conv_weight,
+                    const std::optional<at::Tensor>& conv_bias,
+                    const std::optional<at::Tensor>& bn_weight,
+                    const std::optional<at::Tensor>& bn_bias, double eps, at::IntArrayRef stride,
+                    at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
+                    const StatsUpdate* upd) {
   c10::cuda::CUDAGuard guard(input.device());
   at::Tensor conv_out = conv_forward(input, conv_weight, conv_bias, stride, padding, dilation,
                                      groups);
@@ -1610,10 +1727,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_bn_r
     save_mean.zero_();
     save_invstd.zero_();
     mask.zero_();
+    if (upd != nullptr) launch_stats_update(*upd, save_mean, save_invstd, eps, 0);
     return {out, conv_out, save_mean, save_invstd, mask};
   }
   const at::Tensor w = bn::contig_param(bn_weight), b = bn::contig_param(bn_bias);
-  const bool v2 = l.nhwc && v2_fits(l) && !cbr_v1_selected();
+  const bool v1 = cbr_v1_selected();
+  const auto st = l.x.scalar_type();
+  if (l.nhwc && !v1 && tile_enabled() && (st == at::kHalf || st == at::kBFloat16)) {
+    const at::Tensor none;
+    if (bn::batch_norm_relu_mask_nhwc_train(l.x, out, mask, w, b, eps, save_mean, save_invstd,
+                                            upd ? upd->rm : none, upd ? upd->rv : none,
+                                            upd ? upd->nbt : none, upd ? upd->momentum : 0.0)) {
+      return {out, conv_out, save_mean, save_invstd, mask};
+    }
+  }
+  const bool v2 = l.nhwc && v2_fits(l) && !v1;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, l.x.scalar_type(), "cbr_fwd", [&] {
     if (v2) {
       stats_and_apply_v2<scalar_t>(l, out, mask, eps, w, b, save_mean, save_invstd);
@@ -1626,7 +1754,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_bn_r
       stats_and_apply<scalar_t, 1>(l, out, mask, eps, w, b, save_mean, save_invstd);
     }
   });
+  if (upd != nullptr) launch_stats_update(*upd, save_mean, save_invstd, eps, per_channel);
   return {out, conv_out, save_mean, save_invstd, mask};
+}
+
+// -> (out, conv_out, save_mean, save_invstd, mask)
+TrainOut conv_bn_relu_train_cuda(const at::Tensor& input, const at::Tensor& conv_weight,
+                                 const std::optional<at::Tensor>& conv_bias,
+                                 const std::optional<at::Tensor>& bn_weight,
+                                 const std::optional<at::Tensor>& bn_bias, double eps,
+                                 at::IntArrayRef stride, at::IntArrayRef padding,
+                                 at::IntArrayRef dilation, int64_t groups) {
+  constexpr const char* op = "cudadoctor_ops.conv_bn_relu";
+  check_train_args(op, input, conv_weight, conv_bias, eps, stride, padding, dilation, groups);
+  return train_impl(op, input, conv_weight, conv_bias, bn_weight, bn_bias, eps, stride, padding,
+                    dilation, groups, nullptr);
 }
 
 // -> (grad_input, grad_conv_weight, grad_conv_bias, grad_bn_weight, grad_bn_bias); entries whose
@@ -1670,6 +1812,10 @@ conv_bn_relu_backward_cuda(const at::Tensor& grad_out, const at::Tensor& input,
     if (gw.defined()) gw.zero_();
     if (gb.defined()) gb.zero_();
     if (dconv.defined()) dconv.zero_();
+  } else if ((need_conv_grad || gw.defined() || gb.defined()) && cbr_bn_bwd_selected() &&
+             bn::relu_mask_backward_cuda(l.x, dy, mask, save_mean, save_invstd, w, dconv, gw,
+                                         gb)) {
+    // BatchNorm's backward kernels (one cooperative launch for small tensors) with the mask
   } else if (need_conv_grad || gw.defined() || gb.defined()) {
     const at::Tensor sm = save_mean.contiguous(), si = save_invstd.contiguous();
     const bool v2 = l.nhwc && v2_fits(l) && !cbr_v1_selected();
@@ -1703,33 +1849,6 @@ conv_bn_relu_backward_cuda(const at::Tensor& grad_out, const at::Tensor& input,
   return {or_empty(gi), or_empty(gcw), or_empty(gcb), or_empty(gw), or_empty(gb)};
 }
 
-// One block: running statistics of every channel and num_batches_tracked (read by all threads
-// before thread 0 increments it).
-template <typename A>
-__global__ void cbr_update_stats(void* rmean, int mkind, void* rvar, int vkind,
-                                 int64_t* __restrict__ nbt, const A* __restrict__ save_mean,
-                                 const A* __restrict__ save_invstd, int64_t C, double momentum,
-                                 double eps, int64_t count) {
-  A m = static_cast<A>(momentum);
-  if (nbt != nullptr) {
-    const int64_t n = nbt[0] + 1;
-    if (momentum < 0) m = A(1) / static_cast<A>(n);
-    __syncthreads();
-    if (threadIdx.x == 0) nbt[0] = n;
-  }
-  if (rmean == nullptr || rvar == nullptr || count <= 0) return;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    const A inv = save_invstd[c];
-    A var = A(1) / (inv * inv) - static_cast<A>(eps);
-    if (var < A(0)) var = A(0);
-    const A unbiased = var * (static_cast<A>(count) / static_cast<A>(count - 1));
-    const A old_m = bn::load_param<A>(rmean, mkind, c, A(0));
-    const A old_v = bn::load_param<A>(rvar, vkind, c, A(0));
-    bn::store_param<A>(rmean, mkind, c, (A(1) - m) * old_m + m * save_mean[c]);
-    bn::store_param<A>(rvar, vkind, c, (A(1) - m) * old_v + m * unbiased);
-  }
-}
-
 void conv_bn_relu_update_stats_cuda(const std::optional<at::Tensor>& running_mean,
                                     const std::optional<at::Tensor>& running_var,
                                     const std::optional<at::Tensor>& num_batches_tracked,
@@ -1737,50 +1856,16 @@ void conv_bn_relu_update_stats_cuda(const std::optional<at::Tensor>& running_mea
                                     double momentum, double eps, int64_t count) {
   constexpr const char* op = "cudadoctor_ops.conv_bn_relu_update_stats";
   const int64_t C = save_mean.numel();
-  const bool stats = running_mean.has_value() && running_mean->defined() &&
-                     running_var.has_value() && running_var->defined();
-  const bool has_nbt = num_batches_tracked.has_value() && num_batches_tracked->defined();
   TORCH_CHECK(save_mean.is_cuda() && save_invstd.numel() == C &&
                   save_mean.scalar_type() == save_invstd.scalar_type() &&
                   (save_mean.scalar_type() == at::kFloat || save_mean.scalar_type() == at::kDouble),
               op, ": save_mean / save_invstd must be the float32/float64 [C] CUDA tensors of "
               "conv_bn_relu_train");
-  for (const auto* t : {&running_mean, &running_var}) {
-    if (!stats) break;
-    const at::Tensor& r = **t;
-    const char* name = t == &running_mean ? "running_mean" : "running_var";
-    TORCH_CHECK(r.device() == save_mean.device(), op, ": ", name, " is on ", r.device(),
-                " but the batch statistics are on ", save_mean.device());
-    TORCH_CHECK(r.dim() == 1 && r.numel() == C && r.is_contiguous(), op, ": ", name,
-                " must be a contiguous tensor of shape [", C, "], got ", r.sizes());
-    TORCH_CHECK(bn::param_kind(r) != bn::kAbsent, op, ": ", name,
-                " must be floating point, got ", r.scalar_type());
-  }
-  if (has_nbt) {
-    TORCH_CHECK(num_batches_tracked->device() == save_mean.device() &&
-                    num_batches_tracked->scalar_type() == at::kLong &&
-                    num_batches_tracked->numel() == 1,
-                op, ": num_batches_tracked must be a one-element int64 tensor on ",
-                save_mean.device());
-  }
-  if (!stats && !has_nbt) return;
+  const StatsUpdate u = check_stats_update(op, running_mean, running_var, num_batches_tracked,
+                                           save_mean.device(), C, momentum);
+  if (!u.any()) return;
   c10::cuda::CUDAGuard guard(save_mean.device());
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(save_mean.get_device()).stream();
-  int64_t* nbt = has_nbt ? num_batches_tracked->data_ptr<int64_t>() : nullptr;
-  void* rm = stats ? running_mean->data_ptr() : nullptr;
-  void* rv = stats ? running_var->data_ptr() : nullptr;
-  const int mk = stats ? bn::param_kind(*running_mean) : bn::kAbsent;
-  const int vk = stats ? bn::param_kind(*running_var) : bn::kAbsent;
-  const at::Tensor sm = save_mean.contiguous(), si = save_invstd.contiguous();
-  if (sm.scalar_type() == at::kDouble) {
-    cbr_update_stats<double><<<1, 256, 0, stream>>>(rm, mk, rv, vk, nbt, sm.data_ptr<double>(),
-                                                    si.data_ptr<double>(), C, momentum, eps,
-                                                    count);
-  } else {
-    cbr_update_stats<float><<<1, 256, 0, stream>>>(rm, mk, rv, vk, nbt, sm.data_ptr<float>(),
-                                                   si.data_ptr<float>(), C, momentum, eps, count);
-  }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch_stats_update(u, save_mean, save_invstd, eps, count);
 }
 
 std::atomic<bool> g_cudnn_relu_failed{false};
@@ -1850,6 +1935,26 @@ at::Tensor conv_bias_relu_cuda(const at::Tensor& input, const at::Tensor& weight
 }
 
 }  // namespace
+
+TrainOut conv_bn_relu_train_update_cuda(const at::Tensor& input, const at::Tensor& conv_weight,
+                                        const std::optional<at::Tensor>& conv_bias,
+                                        const std::optional<at::Tensor>& bn_weight,
+                                        const std::optional<at::Tensor>& bn_bias, double eps,
+                                        at::IntArrayRef stride, at::IntArrayRef padding,
+                                        at::IntArrayRef dilation, int64_t groups,
+                                        const std::optional<at::Tensor>& running_mean,
+                                        const std::optional<at::Tensor>& running_var,
+                                        const std::optional<at::Tensor>& num_batches_tracked,
+                                        double momentum) {
+  constexpr const char* op = "cudadoctor_ops.conv_bn_relu";
+  check_train_args(op, input, conv_weight, conv_bias, eps, stride, padding, dilation, groups);
+  const StatsUpdate u =
+      check_stats_update("cudadoctor_ops.conv_bn_relu_update_stats", running_mean, running_var,
+                         num_batches_tracked, input.device(), conv_weight.size(0), momentum);
+  return train_impl(op, input, conv_weight, conv_bias, bn_weight, bn_bias, eps, stride, padding,
+                    dilation, groups, u.any() ? &u : nullptr);
+}
+
 }  // namespace cbr
 }  // namespace cudadoctor_ops
 

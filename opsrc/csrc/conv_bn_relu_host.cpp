@@ -9,13 +9,17 @@
 //   outputs, same bit-packed mask) so the ops also work on CPU tensors.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
 
 #include <array>
 #include <tuple>
 #include <vector>
 
+#include "batch_norm.h"
 #include "host_util.h"
 
 namespace cudadoctor_ops {
@@ -80,14 +84,30 @@ update_op() {
 
 // ---------------------------------------------------------------- autograd
 
+// update (eager CUDA tensors only, see forward_composite): the forward calls the CUDA
+// implementation directly and it also updates running_mean / running_var / num_batches_tracked
+// (conv_bn_relu_update_stats' semantics), in the launch of the batch statistics where it can;
+// otherwise the conv_bn_relu_train op through the dispatcher, those three untouched.
 struct TrainFn : public torch::autograd::Function<TrainFn> {
   static variable_list forward(AutogradContext* ctx, const Tensor& input, const Tensor& weight,
                                const OptTensor& conv_bias, const OptTensor& bn_weight,
                                const OptTensor& bn_bias, double eps, at::IntArrayRef stride,
                                at::IntArrayRef padding, at::IntArrayRef dilation,
-                               int64_t groups) {
+                               int64_t groups, const OptTensor& running_mean,
+                               const OptTensor& running_var,
+                               const OptTensor& num_batches_tracked, double momentum,
+                               bool update) {
     Tensor out, conv_out, save_mean, save_invstd, mask;
-    {
+    if (update) {
+      // the version bumps first: they refuse an inference tensor outside inference mode before
+      // anything is written
+      for (const OptTensor* t : {&running_mean, &running_var, &num_batches_tracked})
+        if (has(*t)) torch::autograd::impl::bump_version(**t);
+      at::AutoDispatchBelowADInplaceOrView below;
+      std::tie(out, conv_out, save_mean, save_invstd, mask) = cbr::conv_bn_relu_train_update_cuda(
+          input, weight, conv_bias, bn_weight, bn_bias, eps, stride, padding, dilation, groups,
+          running_mean, running_var, num_batches_tracked, momentum);
+    } else {
       at::AutoDispatchBelowADInplaceOrView below;
       std::tie(out, conv_out, save_mean, save_invstd, mask) = train_op().call(
           input, weight, conv_bias, bn_weight, bn_bias, eps, stride, padding, dilation, groups);
@@ -109,7 +129,8 @@ struct TrainFn : public torch::autograd::Function<TrainFn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    variable_list result(10);
+    // one entry per forward argument (tensors or not); only tensor inputs get gradients
+    variable_list result(15);
     const Tensor& grad_out = grads[0];
     if (!grad_out.defined()) return result;
     auto saved = ctx->get_saved_variables();
@@ -151,7 +172,7 @@ TrainOut train_autograd(const Tensor& input, const Tensor& weight, const OptTens
                         at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
                         int64_t groups) {
   auto r = TrainFn::apply(input, weight, conv_bias, bn_weight, bn_bias, eps, stride, padding,
-                          dilation, groups);
+                          dilation, groups, OptTensor(), OptTensor(), OptTensor(), 0.0, false);
   return {r[0], r[1], r[2], r[3], r[4]};
 }
 
@@ -216,18 +237,58 @@ Tensor eval_autograd(const Tensor& input, const Tensor& weight, const OptTensor&
   return EvalFn::apply(input, weight, bias, stride, padding, dilation, groups, impl)[0];
 }
 
+// A plain CUDA tensor of an eager call: no tensor subclass, functionalization, vmap or dispatch
+// mode is involved (those must see the ops themselves, e.g. under torch.compile or opcheck).
+bool plain_cuda(const Tensor& t) {
+  if (!t.is_cuda()) return false;
+  constexpr c10::DispatchKeySet kWrapped({c10::DispatchKey::Python,
+                                          c10::DispatchKey::PythonTLSSnapshot,
+                                          c10::DispatchKey::Functionalize,
+                                          c10::DispatchKey::FuncTorchBatched,
+                                          c10::DispatchKey::FuncTorchGradWrapper,
+                                          c10::DispatchKey::Conjugate, c10::DispatchKey::Negative});
+  return !t.key_set().has_any(kWrapped);
+}
+
+// Whether forward_composite may call the CUDA implementation directly (TrainFn with update):
+// an eager call on plain CUDA tensors, running statistics contiguous, the switch not off.
+bool eager_fast_path(const Tensor& input, const Tensor& weight, const OptTensor& conv_bias,
+                     const OptTensor& bn_weight, const OptTensor& bn_bias,
+                     const OptTensor& running_mean, const OptTensor& running_var,
+                     const OptTensor& num_batches_tracked) {
+  if (!cbr::tile_enabled()) return false;
+  if (c10::impl::TorchDispatchModeTLS::stack_len() > 0) return false;
+  if (c10::impl::tls_local_dispatch_key_set().included_.has(c10::DispatchKey::Python))
+    return false;
+  if (!plain_cuda(input) || !plain_cuda(weight) || input.numel() == 0) return false;
+  for (const OptTensor* t : {&conv_bias, &bn_weight, &bn_bias, &num_batches_tracked})
+    if (has(*t) && !plain_cuda(**t)) return false;
+  for (const OptTensor* t : {&running_mean, &running_var})
+    if (has(*t) && (!plain_cuda(**t) || !(*t)->is_contiguous())) return false;
+  return true;
+}
+
 // One training forward of a Conv2d -> BatchNorm2d -> ReLU module: the fused op, then the running
-// statistics (and num_batches_tracked) in one small kernel.
+// statistics (and num_batches_tracked) in one small kernel; in an eager call on CUDA tensors the
+// statistics go with the fused op instead (TrainFn's update: in its launch where it can).
 Tensor forward_composite(const Tensor& input, const Tensor& weight, const OptTensor& conv_bias,
                          const OptTensor& bn_weight, const OptTensor& bn_bias,
                          const OptTensor& running_mean, const OptTensor& running_var,
                          const OptTensor& num_batches_tracked, double momentum, double eps,
                          at::IntArrayRef stride, at::IntArrayRef padding,
                          at::IntArrayRef dilation, int64_t groups) {
+  const bool stats = has(running_mean) && has(running_var);
+  if ((stats || has(num_batches_tracked)) &&
+      eager_fast_path(input, weight, conv_bias, bn_weight, bn_bias, running_mean, running_var,
+                      num_batches_tracked)) {
+    return TrainFn::apply(input, weight, conv_bias, bn_weight, bn_bias, eps, stride, padding,
+                          dilation, groups, stats ? running_mean : OptTensor(),
+                          stats ? running_var : OptTensor(), num_batches_tracked, momentum,
+                          true)[0];
+  }
   auto r = train_op().call(input, weight, conv_bias, bn_weight, bn_bias, eps, stride, padding,
                            dilation, groups);
   const Tensor& conv_out = std::get<1>(r);
-  const bool stats = has(running_mean) && has(running_var);
   if (stats || has(num_batches_tracked)) {
     // an empty batch still counts as a step (num_batches_tracked), like BatchNorm2d
     const int64_t count = conv_out.numel() > 0 ? conv_out.numel() / conv_out.size(1) : 0;

@@ -490,12 +490,16 @@ _FUSED_CHILD = textwrap.dedent(
 )
 
 
+_NO_TILE = {"CUDADOCTOR_OPS_BN_NHWC_TILE": "0"}  # the persist / fused choices below
 _SWITCH_CASES = [
     ("nhwc", {"CUDADOCTOR_OPS_BN_FUSED": "0"}),
     ("nhwc", {"CUDADOCTOR_OPS_BN_FUSED": "1"}),
-    ("nhwc", {"CUDADOCTOR_OPS_BN_FUSED": "1", "CUDADOCTOR_OPS_BN_NHWC_PERSIST": "0"}),
-    ("nhwc", {"CUDADOCTOR_OPS_BN_FUSED": "1", "CUDADOCTOR_OPS_BN_NHWC_PERSIST_ROWS": "8"}),
-    ("nhwc", {"CUDADOCTOR_OPS_BN_FUSED": "1", "CUDADOCTOR_OPS_BN_NHWC_PERSIST_ROWS": "1"}),
+    ("nhwc", {"CUDADOCTOR_OPS_BN_FUSED": "1", **_NO_TILE}),
+    ("nhwc", {"CUDADOCTOR_OPS_BN_FUSED": "1", "CUDADOCTOR_OPS_BN_NHWC_PERSIST": "0", **_NO_TILE}),
+    ("nhwc", {"CUDADOCTOR_OPS_BN_FUSED": "1", "CUDADOCTOR_OPS_BN_NHWC_PERSIST_ROWS": "8", **_NO_TILE}),
+    ("nhwc", {"CUDADOCTOR_OPS_BN_FUSED": "1", "CUDADOCTOR_OPS_BN_NHWC_PERSIST_ROWS": "1", **_NO_TILE}),
+    ("nhwc", {"CUDADOCTOR_OPS_BN_FUSED": "1", "CUDADOCTOR_OPS_BN_NHWC_TILE_CT": "32"}),
+    ("nhwc", {"CUDADOCTOR_OPS_BN_FUSED": "1", "CUDADOCTOR_OPS_BN_NHWC_TILE_CT": "64"}),
     ("nchw", {"CUDADOCTOR_OPS_BN_SINGLEREAD": "0", "CUDADOCTOR_OPS_BN_FUSED_NCHW": "0"}),
     ("nchw", {"CUDADOCTOR_OPS_BN_SINGLEREAD": "0", "CUDADOCTOR_OPS_BN_FUSED_NCHW": "1"}),
     ("nchw", {"CUDADOCTOR_OPS_BN_SINGLEREAD": "1"}),
@@ -506,9 +510,10 @@ _SWITCH_CASES = [
                          ids=[f"{lay}-" + "-".join(f"{k[18:]}={v}" for k, v in sw.items()) for lay, sw in _SWITCH_CASES])
 def test_training_forward_kernel_choices(ops, layout, switches):
     """Every training-forward kernel choice must match float64, running statistics included:
-    channels_last with CUDADOCTOR_OPS_BN_FUSED=1 (one cooperative launch: the register-persistent
-    kernel, with CUDADOCTOR_OPS_BN_NHWC_PERSIST=0 the previous one, _PERSIST_ROWS=8 / 1 its
-    widest / finest grid) or 0 (stats -> finalize -> apply); contiguous with CUDADOCTOR_OPS_BN_SINGLEREAD=1 (one block per channel
+    channels_last with CUDADOCTOR_OPS_BN_FUSED=1 (one cooperative launch: the channel-tiled kernel
+    where it fits, its tile width forced with _TILE_CT=32 / 64; with _NHWC_TILE=0 the
+    register-persistent kernel, with CUDADOCTOR_OPS_BN_NHWC_PERSIST=0 the previous one,
+    _PERSIST_ROWS=8 / 1 its widest / finest grid) or 0 (stats -> finalize -> apply); contiguous with CUDADOCTOR_OPS_BN_SINGLEREAD=1 (one block per channel
     held in shared memory), or without it CUDADOCTOR_OPS_BN_FUSED_NCHW=1 / 0 (one cooperative
     launch / stats -> apply). The switches are read once per process, hence a child."""
     env = dict(os.environ, **switches)
@@ -525,6 +530,139 @@ def test_training_forward_kernel_choices(ops, layout, switches):
         assert max(ey, egx, erm, erv) <= tol, (shape, ey, egx, erm, erv)
         assert max(egw, egb) <= tol * 10, (shape, egw, egb)
         assert kept, f"{shape}: output lost the input's layout"
+
+
+_TILE_CHILD = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    import cudadoctor_ops
+    from torch.profiler import ProfilerActivity, profile
+
+    bn_op = torch.ops.cudadoctor_ops.batch_norm.default
+    # channels_last shapes for the channel-tiled one-launch kernel: C a multiple of 64, of 32 only
+    # (C = 200, 72: a partly idle last tile), fewer channels than one tile (24), rows fewer than a
+    # block (2 * 5 * 7), float32 (4 channels per pack, C = 40)
+    cases = [((64, 512, 7, 7), torch.float16), ((64, 256, 14, 14), torch.float16),
+             ((8, 64, 56, 56), torch.bfloat16), ((2, 24, 5, 7), torch.float16),
+             ((32, 200, 14, 14), torch.float32), ((16, 72, 28, 28), torch.bfloat16),
+             ((64, 512, 7, 7), torch.float32), ((4, 40, 9, 9), torch.float32)]
+    out = {}
+    for shape, dtype in cases:
+        c = shape[1]
+        g = torch.Generator(device="cpu").manual_seed(0)
+        x = (torch.randn(shape, generator=g, dtype=torch.float64) * 2 + 0.5).to(dtype).cuda()
+        x = x.contiguous(memory_format=torch.channels_last)
+        x64 = x.double()
+        mean = x64.mean((0, 2, 3))
+        var = x64.var((0, 2, 3), unbiased=False)
+        n = x.numel() // c
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            bn_op(x, None, None, None, None, True, 1e-5, "none")
+            torch.cuda.synchronize()
+        used = any("bn_tile_nhwc" in e.name for e in prof.events())
+        for relu in (False, True):
+            act = "relu" if relu else "none"
+            for affine in (False, True):
+                # running statistics: none, float32, the input's dtype
+                for rs in (None, torch.float32, dtype):
+                    w = b = None
+                    if affine:
+                        w = (torch.rand(c, generator=g, dtype=torch.float64) + 0.5).to(dtype).cuda()
+                        b = (torch.randn(c, generator=g, dtype=torch.float64) * 0.3).to(dtype).cuda()
+                    rm = rv = None
+                    if rs is not None:
+                        rm = (torch.randn(c, generator=g, dtype=torch.float64) * 0.1).to(rs).cuda()
+                        rv = (torch.rand(c, generator=g, dtype=torch.float64) + 0.5).to(rs).cuda()
+                        rm64, rv64 = rm.double(), rv.double()
+                    xg = x.clone().requires_grad_(True)
+                    wg = w.clone().requires_grad_(True) if affine else None
+                    bg = b.clone().requires_grad_(True) if affine else None
+                    y = cudadoctor_ops.batch_norm(xg, rm, rv, wg, bg, True, 0.3, 1e-5, activation=act)
+                    # reference
+                    xr = x64.clone().requires_grad_(True)
+                    wr = w.double().requires_grad_(True) if affine else None
+                    br = b.double().requires_grad_(True) if affine else None
+                    yr = torch.nn.functional.batch_norm(xr, None, None, wr, br, True, 0.0, 1e-5)
+                    if relu:
+                        yr = torch.relu(yr)
+                    gy = torch.randn(shape, generator=g, dtype=torch.float64).cuda()
+                    ins = [xg] + ([wg, bg] if affine else [])
+                    grads = torch.autograd.grad(y, ins, gy.to(dtype).contiguous(memory_format=torch.channels_last))
+                    refs = torch.autograd.grad(yr, [xr] + ([wr, br] if affine else []), gy)
+                    err = lambda a, e: ((a.double() - e).abs().max() / e.abs().max().clamp_min(1)).item()
+                    r = {"y": err(y, yr), "gx": err(grads[0], refs[0])}
+                    if affine:
+                        r["gw"] = err(grads[1], refs[1])
+                        r["gb"] = err(grads[2], refs[2])
+                    if rs is not None:
+                        r["rm"] = err(rm, 0.7 * rm64 + 0.3 * mean)
+                        r["rv"] = err(rv, 0.7 * rv64 + 0.3 * var * n / (n - 1))
+                    # the op's saved statistics (same kernel, no running statistics)
+                    yo, sm, si, res = bn_op(x, w, b, None, None, True, 1e-5, act)
+                    r["y_op"] = err(yo, yr)
+                    r["save_mean"] = ((sm.double() - mean).abs() / (mean.abs() + var.sqrt())).max().item()
+                    r["save_invstd"] = ((si.double() / (var + 1e-5).rsqrt()) - 1).abs().max().item()
+                    # reserve: what save_mean's rounding lost, a rounding error of the data's scale
+                    r["reserve"] = (res.double().abs() / (mean.abs() + var.sqrt())).max().item()
+                    r["cl"] = bool(y.is_contiguous(memory_format=torch.channels_last)
+                                   and yo.is_contiguous(memory_format=torch.channels_last))
+                    out[f"{shape}-{str(dtype)[6:]}-{act}-affine{int(affine)}-rs{str(rs)[6:]}"] = r
+        out[f"{shape}-{str(dtype)[6:]}-tile"] = used
+    print(json.dumps(out))
+    """
+)
+
+_TILE_SWITCHES = [
+    {},
+    {"CUDADOCTOR_OPS_BN_NHWC_TILE_CT": "32"},
+    {"CUDADOCTOR_OPS_BN_NHWC_TILE_CT": "64"},
+    {"CUDADOCTOR_OPS_BN_NHWC_TILE_SPLITS": "3"},
+    {"CUDADOCTOR_OPS_BN_NHWC_TILE": "0"},
+]
+
+
+@pytest.mark.parametrize("switches", _TILE_SWITCHES,
+                         ids=["default"] + ["-".join(f"{k[18:]}={v}" for k, v in sw.items()) for sw in _TILE_SWITCHES[1:]])
+def test_tile_nhwc_forward_matches_float64(ops, switches):
+    """The channel-tiled channels_last training forward (bn_tile_nhwc: one cooperative launch, one
+    grid barrier) against float64 over shapes that fit it: output, running statistics (float32 or
+    the input's dtype, or none), saved mean / invstd / reserve, gradients through the backward,
+    with and without ReLU and affine parameters; with CUDADOCTOR_OPS_BN_NHWC_TILE_CT=32 / 64 (tile
+    width forced), _SPLITS=3 (splits forced where 3 fit: several rows per thread) and
+    _NHWC_TILE=0 (the kernels before it, for comparison). The switches are read once per process,
+    hence a child; the profiler tells which kernel ran."""
+    env = dict(os.environ, **switches)
+    env["PYTHONPATH"] = os.pathsep.join([str(pathlib.Path(ops.__file__).parents[1]), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", _TILE_CHILD], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    import json
+
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    tile_on = switches.get("CUDADOCTOR_OPS_BN_NHWC_TILE") != "0"
+    for key, r in res.items():
+        if key.endswith("-tile"):
+            # every shape here fits a resident grid on any GPU with cooperative launches, save the
+            # two largest, which need ~128+ SMs
+            if not tile_on:
+                assert r is False, f"{key}: bn_tile_nhwc ran with CUDADOCTOR_OPS_BN_NHWC_TILE=0"
+            elif "(2, 24" in key or "(4, 40" in key or "(16, 72" in key:
+                assert r is True, f"{key}: bn_tile_nhwc did not run"
+            continue
+        low = "float32" not in key
+        tol = 3e-2 if low else 1e-4
+        for k in ("y", "gx", "y_op", "rm", "rv"):
+            if k in r:
+                assert r[k] <= tol, (key, k, r[k])
+        for k in ("gw", "gb"):
+            if k in r:
+                assert r[k] <= tol * 10, (key, k, r[k])
+        # the saved statistics are float32 whatever the input: float32 accuracy on the exact input
+        assert r["save_mean"] <= 1e-5, (key, r["save_mean"])
+        assert r["save_invstd"] <= 1e-4, (key, r["save_invstd"])
+        assert r["reserve"] <= 1e-6, (key, r["reserve"])
+        assert r["cl"], f"{key}: output lost the channels_last layout"
 
 
 class _Passthrough(TorchDispatchMode):

@@ -11,7 +11,12 @@ as long as the extension is built; they check module types, state_dict and outpu
 from __future__ import annotations
 
 import copy
+import json
+import os
+import pathlib
+import subprocess
 import sys
+import textwrap
 import types
 from collections import OrderedDict
 
@@ -196,6 +201,7 @@ def _check_training_against_torch(case, dtype, layout, device):
 # modules and, at the op level, against float64 formulas on the op's own conv output and mask.
 
 CBR_V1_ENV = "CUDADOCTOR_OPS_CBR_V1"
+CBR_TILE_ENV = "CUDADOCTOR_OPS_CBR_TILE"
 VARIANTS = ["v1", "v2"]
 
 # (N, C_in, H, W, C_out, kernel, stride, padding, dilation, groups, conv bias)
@@ -346,6 +352,9 @@ def test_nhwc_variant_switch_selects_kernels(variant, monkeypatch):
     from torch.profiler import ProfilerActivity, profile
 
     _set_variant(monkeypatch, variant)
+    # the backward's BatchNorm part on the CBR kernels (not BatchNorm's masked backward), read at
+    # every call
+    monkeypatch.setenv("CUDADOCTOR_OPS_CBR_BN_BWD", "0")
     x, conv, bn = _make(CASES[0], torch.float16, "channels_last")
     fused = ConvBNReLU2d.from_modules(conv, bn)
     xg = x.detach().requires_grad_(True)
@@ -353,14 +362,152 @@ def test_nhwc_variant_switch_selects_kernels(variant, monkeypatch):
         fused(xg).float().sum().backward()
         torch.cuda.synchronize()
     names = " ".join(e.name for e in prof.events())
-    for kernel in ("cbr_stats_nhwc", "cbr_apply", "cbr_reduce_nhwc", "cbr_grad_conv_out"):
+    # the v2 forward (16-bit channels_last) is BatchNorm's bn_tile_nhwc where it fits (it does for
+    # this small case) unless CUDADOCTOR_OPS_CBR_TILE=0; v1 never takes it
+    tile = variant == "v2" and os.environ.get(CBR_TILE_ENV, "")[:1] != "0"
+    fwd = ("cbr_stats_nhwc", "cbr_apply")
+    for kernel in ("cbr_reduce_nhwc", "cbr_grad_conv_out") + (() if tile else fwd):
         assert kernel in names, kernel
-    v2 = ("cbr_stats_nhwc_v2", "cbr_finalize_fwd_v2", "cbr_apply_nhwc_v2", "cbr_reduce_nhwc_v2",
-          "cbr_finalize_bwd_v2", "cbr_grad_conv_out_nhwc_v2")
+    v2_fwd = ("cbr_stats_nhwc_v2", "cbr_finalize_fwd_v2", "cbr_apply_nhwc_v2")
+    v2_bwd = ("cbr_reduce_nhwc_v2", "cbr_finalize_bwd_v2", "cbr_grad_conv_out_nhwc_v2")
     if variant == "v2":
-        assert all(k in names for k in v2), names
+        assert all(k in names for k in v2_bwd), names
+        if tile:
+            assert "bn_tile_nhwc" in names and not any(k in names for k in v2_fwd), names
+        else:
+            assert all(k in names for k in v2_fwd), names
     else:
-        assert not any(k in names for k in v2), names
+        assert not any(k in names for k in v2_fwd + v2_bwd) and "bn_tile_nhwc" not in names, names
+
+
+# ---------------------------------------------------------------- GPU: BatchNorm's tile kernel
+#
+# The 16-bit channels_last training forward runs BatchNorm's bn_tile_nhwc (BN + ReLU + mask + the
+# running statistics in one launch) unless CUDADOCTOR_OPS_CBR_TILE=0, which is read once per
+# process: each setting runs in a child process, the same steps against the separate torch modules.
+
+_CBR_TILE_CHILD = textwrap.dedent(
+    """
+    import copy, json
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.profiler import ProfilerActivity, profile
+    from cudadoctor_ops.conv_bn_relu import ConvBNReLU2d
+
+    torch.backends.cudnn.allow_tf32 = False
+
+    def rel(a, b):
+        a, b = a.double(), b.double()
+        return (a - b).abs().max().item() / max(b.abs().max().item(), 1e-6)
+
+    # (N, C_in, H, W, C_out, kernel, stride, padding), BatchNorm2d keywords
+    cases = [
+        ((8, 32, 14, 14, 64, 3, 1, 1), {}),
+        ((16, 64, 7, 7, 128, 1, 1, 0), {"momentum": None}),  # cumulative average
+        ((4, 16, 9, 11, 24, 3, 2, 1), {"affine": False}),  # C_out < one tile
+        ((2, 8, 5, 7, 200, 1, 1, 0), {"momentum": 0.3}),  # C_out = 200: a partly idle tile
+        ((4, 16, 14, 14, 72, 3, 1, 1), {"track_running_stats": False}),
+        ((3, 8, 7, 9, 13, 3, 1, 1), {}),  # C_out = 13: not a multiple of 8, the CBR kernels
+    ]
+    out = {}
+    for dtype in (torch.float16, torch.bfloat16):
+        for (n, ci, h, w, co, k, s, p), kw in cases:
+            torch.manual_seed(0)
+            conv = nn.Conv2d(ci, co, k, s, p, bias=False)
+            bn = nn.BatchNorm2d(co, **kw)
+            with torch.no_grad():
+                conv.weight.mul_(2.0)
+                if bn.affine:
+                    bn.weight.uniform_(0.5, 1.5)
+                    bn.bias.normal_(0.0, 0.5)
+                if bn.track_running_stats:
+                    bn.running_mean.normal_(0.0, 0.1)
+                    bn.running_var.uniform_(0.5, 1.5)
+            conv = conv.to(device="cuda", dtype=dtype).to(memory_format=torch.channels_last)
+            bn = bn.to("cuda")  # float32 parameters and statistics, as under autocast
+            conv_r, bn_r = copy.deepcopy(conv), copy.deepcopy(bn)
+            fused = ConvBNReLU2d.from_modules(conv, bn).train()
+            key = f"{str(dtype)[6:]}-{n}x{ci}x{h}x{w}-{co}-{kw}"
+            r = {"tile": [], "update_kernel": []}
+            for step in range(3):
+                x = torch.randn(n, ci, h, w, device="cuda").to(dtype)
+                x = x.contiguous(memory_format=torch.channels_last)
+                xo = x.clone().requires_grad_(True)
+                xr = x.clone().requires_grad_(True)
+                for t in (conv.weight, conv_r.weight) + ((bn.weight, bn.bias, bn_r.weight, bn_r.bias) if bn.affine else ()):
+                    t.grad = None
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    y = fused(xo)
+                    torch.cuda.synchronize()
+                names = " ".join(e.name for e in prof.events())
+                r["tile"].append("bn_tile_nhwc" in names)
+                r["update_kernel"].append("cbr_update_stats" in names)
+                yr = F.relu(bn_r(conv_r(xr)))
+                gy = torch.randn_like(yr)
+                y.backward(gy)
+                yr.backward(gy)
+                e = {"out": rel(y, yr), "gx": rel(xo.grad, xr.grad), "gw": rel(conv.weight.grad, conv_r.weight.grad),
+                     "cl": bool(y.is_contiguous(memory_format=torch.channels_last))}
+                if bn.affine:
+                    e["gbw"] = rel(bn.weight.grad, bn_r.weight.grad)
+                    e["gbb"] = rel(bn.bias.grad, bn_r.bias.grad)
+                if bn.track_running_stats:
+                    e["rm"] = rel(bn.running_mean, bn_r.running_mean)
+                    e["rv"] = rel(bn.running_var, bn_r.running_var)
+                    e["nbt"] = [int(bn.num_batches_tracked), int(bn_r.num_batches_tracked)]
+                r[f"step{step}"] = e
+            out[key] = r
+    print(json.dumps(out))
+    """
+)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", ["default", "off"])
+def test_nhwc_tile_forward_matches_torch(tile):
+    """Three training steps of ConvBNReLU2d (channels_last float16 / bfloat16) against Conv2d ->
+    BatchNorm2d -> ReLU: output, running statistics and num_batches_tracked (momentum 0.1, 0.3 and
+    None = cumulative average, no running statistics), every gradient (the backward reads the
+    forward's saved statistics and mask). Default: the forward takes bn_tile_nhwc wherever C_out is
+    a multiple of 8, the running statistics updated in its launch (no cbr_update_stats kernel);
+    CUDADOCTOR_OPS_CBR_TILE=0: never, and the update kernel runs."""
+    env = dict(os.environ)
+    env.pop(CBR_TILE_ENV, None)
+    env.pop(CBR_V1_ENV, None)
+    if tile == "off":
+        env[CBR_TILE_ENV] = "0"
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(pathlib.Path(cudadoctor_ops.__file__).resolve().parents[1]), env.get("PYTHONPATH", "")]
+    )
+    proc = subprocess.run([sys.executable, "-c", _CBR_TILE_CHILD], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(res) == 12
+    for key, r in res.items():
+        dtype = torch.float16 if key.startswith("float16") else torch.bfloat16
+        tol = TOL[dtype]
+        fits = "-13-" not in key  # C_out % 8 == 0
+        tracked = "track_running_stats" not in key
+        if tile == "default" and fits:
+            assert all(r["tile"]), f"{key}: bn_tile_nhwc did not run"
+            assert not any(r["update_kernel"]), f"{key}: the running statistics took a separate kernel"
+        else:
+            assert not any(r["tile"]), f"{key}: bn_tile_nhwc ran"
+            assert all(r["update_kernel"]) == tracked, f"{key}: update kernel {r['update_kernel']}"
+        for step in range(3):
+            e = r[f"step{step}"]
+            what = f"{key} step {step}"
+            assert e["cl"], f"{what}: output not channels_last"
+            assert e["out"] <= tol, (what, "out", e["out"])
+            for g in ("gx", "gw", "gbw", "gbb"):
+                if g in e:
+                    assert e[g] <= 4 * tol, (what, g, e[g])
+            if tracked:
+                assert e["rm"] <= 1e-3 and e["rv"] <= 1e-3, (what, e["rm"], e["rv"])
+                assert e["nbt"] == [step + 1, step + 1], (what, e["nbt"])
 
 
 @pytest.mark.parametrize("device", DEVICES)
