@@ -730,7 +730,7 @@ def test_compiled_op_bad_arguments_raise_runtime_error_in_subprocess():
 # memory) for float16/bfloat16 where it applies (C % 8 == 0, 16-byte aligned input and output),
 # else the second-generation kernel; "auto" tries it first for those dtypes (unless
 # CUDADOCTOR_OPS_DW_V4=0), also in the stride-1 input gradient (the forward kernel on the flipped
-# filter). Its block shape and outputs per thread come from CUDADOCTOR_OPS_DW_V4_CFG=0|1|2, read
+# filter). Its block shape and outputs per thread come from CUDADOCTOR_OPS_DW_V4_CFG=0|1|2|3, read
 # once per process: the in-process tests below check the configuration of this process (0 unless
 # the variable is set), and one child process per configuration runs the same checks.
 
@@ -770,13 +770,15 @@ def _v4_rw(k, s, cfg):
     small = s == 1 and k <= 5
     if cfg == 1:
         return 4 if small else 2
+    if cfg == 3:
+        return (8 if k == 3 else 4) if s == 1 else (4 if k <= 5 else 2)
     return 2 if small else 1
 
 
 def _v4_kernel_tag(dtype, k, s, cfg):
     """The template arguments of the fwd_nhwc_v4 instantiation that configuration cfg runs."""
     t = "c10::Half" if dtype == torch.float16 else "c10::BFloat16"
-    nt, minb = {0: (128, 8), 1: (128, 5), 2: (256, 4)}[cfg]
+    nt, minb = {0: (128, 8), 1: (128, 5), 2: (256, 4), 3: (128, 3)}[cfg]
     return f"fwd_nhwc_v4<{t}, {k}, {s}, {_v4_rw(k, s, cfg)}, {nt}, {minb}>"
 
 
@@ -925,10 +927,10 @@ def test_nhwc_v4_kernel_runs_where_it_applies(dtype):
     assert any("fwd_nhwc_v4" in n for n in got) == sixteen_bit, got
     if sixteen_bit:
         try:
-            cfg = int(os.environ.get("CUDADOCTOR_OPS_DW_V4_CFG", "0"))
+            cfg = int(os.environ.get("CUDADOCTOR_OPS_DW_V4_CFG", "1"))
         except ValueError:
-            cfg = 0
-        cfg = cfg if cfg in (1, 2) else 0
+            cfg = 1
+        cfg = cfg if cfg in (0, 2, 3) else 1
         tag = _v4_kernel_tag(dtype, 3, 1, cfg)
         assert any(tag in n for n in got), (tag, got)
     # C % 8 != 0 and a 2-byte offset: never the 16-byte kernel.
@@ -1023,7 +1025,7 @@ def _run_child_env(code: str, env_extra: dict):
 
 
 @needs_v4
-@pytest.mark.parametrize("cfg", [0, 1, 2])
+@pytest.mark.parametrize("cfg", [0, 1, 2, 3])
 def test_nhwc_v4_every_config_in_subprocess(cfg):
     proc, report = _run_child_env(_V4_CHILD_SCRIPT, {"CUDADOCTOR_OPS_DW_V4_CFG": str(cfg)})
     assert proc.returncode >= 0, f"child killed by signal {-proc.returncode}:\n{report}"
