@@ -202,7 +202,10 @@ def _check_training_against_torch(case, dtype, layout, device):
 
 CBR_V1_ENV = "CUDADOCTOR_OPS_CBR_V1"
 CBR_TILE_ENV = "CUDADOCTOR_OPS_CBR_TILE"
-VARIANTS = ["v1", "v2"]
+# "bn": the default backward, BatchNorm's kernels with the ReLU mask (CUDADOCTOR_OPS_CBR_BN_BWD,
+# read at every call; "v1" / "v2" set it to 0 to run the CBR backward kernels)
+VARIANTS = ["v1", "v2", "bn"]
+CBR_BN_BWD_ENV = "CUDADOCTOR_OPS_CBR_BN_BWD"
 
 # (N, C_in, H, W, C_out, kernel, stride, padding, dilation, groups, conv bias)
 NHWC_CASES = [
@@ -218,6 +221,7 @@ NHWC_CASES = [
 
 def _set_variant(monkeypatch, variant):
     monkeypatch.setenv(CBR_V1_ENV, "1" if variant == "v1" else "0")
+    monkeypatch.setenv(CBR_BN_BWD_ENV, "1" if variant == "bn" else "0")
 
 
 @gpu
@@ -346,7 +350,7 @@ def test_nhwc_ops_match_float64(case, dtype, variant, monkeypatch):
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", ["v1", "v2"])
 def test_nhwc_variant_switch_selects_kernels(variant, monkeypatch):
     """CUDADOCTOR_OPS_CBR_V1 picks the NHWC kernel set at every call (profiler kernel names)."""
     from torch.profiler import ProfilerActivity, profile
@@ -378,6 +382,39 @@ def test_nhwc_variant_switch_selects_kernels(variant, monkeypatch):
             assert all(k in names for k in v2_fwd), names
     else:
         assert not any(k in names for k in v2_fwd + v2_bwd) and "bn_tile_nhwc" not in names, names
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["channels_last", "contiguous"])
+def test_backward_runs_batch_norm_kernels_with_the_mask(layout, monkeypatch):
+    """By default the training backward's BatchNorm part runs BatchNorm's backward kernels with
+    the ReLU mask (no CBR reduce / dconv kernel); CUDADOCTOR_OPS_CBR_BN_BWD=0 brings the CBR ones
+    back (read at every call). Same gradients both ways."""
+    from torch.profiler import ProfilerActivity, profile
+
+    dtype = torch.float16 if layout == "channels_last" else torch.float32
+    x, conv, bn = _make(CASES[0], dtype, layout)
+    fused = ConvBNReLU2d.from_modules(conv, bn)
+    grads = {}
+    for setting in ("1", "0"):
+        monkeypatch.setenv(CBR_BN_BWD_ENV, setting)
+        xg = x.detach().requires_grad_(True)
+        for p in fused.parameters():
+            p.grad = None
+        out = fused(xg)
+        gy = torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).to(out)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            out.backward(gy)
+            torch.cuda.synchronize()
+        names = " ".join(e.name for e in prof.events())
+        cbr_kernels = any(k in names for k in ("cbr_reduce", "cbr_grad_conv_out"))
+        bn_kernels = "bn_bwd_" in names
+        if names.strip():
+            assert cbr_kernels == (setting == "0") and bn_kernels == (setting == "1"), names
+        grads[setting] = (xg.grad, fused.conv.weight.grad, fused.bn.weight.grad, fused.bn.bias.grad)
+    for a, b, what in zip(grads["1"], grads["0"], ("input", "conv weight", "bn weight", "bn bias")):
+        assert _rel_err(a, b) <= (TOL[dtype] / 4 if what in ("input", "conv weight") else 1e-4), what
 
 
 # ---------------------------------------------------------------- GPU: BatchNorm's tile kernel
