@@ -215,10 +215,11 @@ __global__ void __launch_bounds__(NT, MINB)
 // ---------------------------------------------------------------------------
 // Host side.
 //
-// Configurations, picked at run time by CUDADOCTOR_OPS_DW_V4_CFG (read once;
-// unset or anything other than 0, 2 or 3 means 1, the default: on the H200, batch-64
-// MobileNetV2 / EfficientNet-B0 layers in float16 / bfloat16, it was the fastest of 0-2 on
-// 36 of 38 and 1.1-1.4x faster than 0 on most):
+// Configurations, forced at run time by CUDADOCTOR_OPS_DW_V4_CFG=0|1|2|3 (read once). Unset
+// (or anything else): 3 for 3x3 with an output row of at least 14 and for 5x5 at stride 2, else 1
+// (the H200, batch-64 MobileNetV2 / EfficientNet-B0 layers in float16 / bfloat16, one run: 3 was
+// 1.02-1.10x faster than 1 on those, 1 up to 1.12x faster than 3 on 7x7 planes, 3x3 stride 2
+// to 7x7 and 5x5 stride 1; 1 beat 0 and 2 on 36 of 38 in an earlier run):
 //   0:           128-thread blocks, at most 64 registers (8 blocks, 50%
 //                occupancy per SM); RW = 2 outputs per thread along W for 3x3
 //                and 5x5 at stride 1, RW = 1 for 7x7 and at stride 2.
@@ -243,14 +244,21 @@ struct V4Rw {
   static constexpr int widest = S == 1 ? (K == 3 ? 8 : 4) : (K <= 5 ? 4 : 2);
 };
 
+// The forced configuration, or -1 (choose by shape: v4_auto_cfg).
 int v4_cfg() {
   static const int cfg = [] {
     const char* e = std::getenv("CUDADOCTOR_OPS_DW_V4_CFG");
-    if (e == nullptr || e[0] == '\0') return 1;
+    if (e == nullptr || e[0] == '\0') return -1;
     const int v = std::atoi(e);
-    return v == 0 || v == 2 || v == 3 ? v : 1;
+    return v == 0 || v == 1 || v == 2 || v == 3 ? v : -1;
   }();
   return cfg;
+}
+
+int v4_auto_cfg(int K, int S, int Wo) {
+  if (K == 3 && Wo >= 14) return 3;
+  if (K == 5 && S == 2) return 3;
+  return 1;
 }
 
 int ceil_div(int a, int b) { return (a + b - 1) / b; }
@@ -381,7 +389,8 @@ bool run_nhwc_v4_cfg(const void* in, const void* w, const void* bias, void* out,
   constexpr int RWA = V4Rw<K, S>::narrow;
   constexpr int RWB = V4Rw<K, S>::wide;
   constexpr int RWC = V4Rw<K, S>::widest;
-  switch (v4_cfg()) {
+  const int forced = v4_cfg();
+  switch (forced >= 0 ? forced : v4_auto_cfg(K, S, s.Wo)) {
     case 0:
       return run_nhwc_v4<T, K, S, RWA, 128, 8>(in, w, bias, out, s, flip, stream);
     case 2:

@@ -775,6 +775,21 @@ def _v4_rw(k, s, cfg):
     return 2 if small else 1
 
 
+def _v4_auto_cfg(k, s, wo):
+    """The configuration nhwc_v4 picks without CUDADOCTOR_OPS_DW_V4_CFG (mirrors v4_auto_cfg)."""
+    if k == 3 and wo >= 14:
+        return 3
+    if k == 5 and s == 2:
+        return 3
+    return 1
+
+
+def _v4_env_cfg():
+    """CUDADOCTOR_OPS_DW_V4_CFG of this process, or None (choose by shape)."""
+    v = os.environ.get("CUDADOCTOR_OPS_DW_V4_CFG", "")
+    return int(v) if v in ("0", "1", "2", "3") else None
+
+
 def _v4_kernel_tag(dtype, k, s, cfg):
     """The template arguments of the fwd_nhwc_v4 instantiation that configuration cfg runs."""
     t = "c10::Half" if dtype == torch.float16 else "c10::BFloat16"
@@ -926,11 +941,9 @@ def test_nhwc_v4_kernel_runs_where_it_applies(dtype):
     sixteen_bit = dtype != torch.float32
     assert any("fwd_nhwc_v4" in n for n in got) == sixteen_bit, got
     if sixteen_bit:
-        try:
-            cfg = int(os.environ.get("CUDADOCTOR_OPS_DW_V4_CFG", "1"))
-        except ValueError:
-            cfg = 1
-        cfg = cfg if cfg in (0, 2, 3) else 1
+        cfg = _v4_env_cfg()
+        if cfg is None:
+            cfg = _v4_auto_cfg(3, 1, 14)  # names() runs 14x14 planes
         tag = _v4_kernel_tag(dtype, 3, 1, cfg)
         assert any(tag in n for n in got), (tag, got)
     # C % 8 != 0 and a 2-byte offset: never the 16-byte kernel.
