@@ -341,7 +341,10 @@ def test_nhwc_ops_match_float64(case, dtype, variant, monkeypatch):
     out2, _, sm2, si2, mask2 = ops.conv_bn_relu_train(
         x, conv.weight.detach(), bias, bn.weight.detach(), bn.bias.detach(), eps, *conv_args
     )
-    assert _rel_err(sm2, save_mean) <= 1e-5 and _rel_err(si2, save_invstd) <= 1e-5
+    # the other forward sums in another order: the means agree to float32 rounding of the data's
+    # scale (they can be far smaller than the standard deviation), invstd to relative rounding
+    assert ((sm2.double() - save_mean.double()).abs() <= 1e-5 * (mean.abs() + std) + 1e-30).all()
+    assert _rel_err(si2, save_invstd) <= 1e-5
     # outputs may differ by one rounding step where the statistics differ in the last bits
     assert _rel_err(out2, out) <= TOL[dtype] / 2
     differ = (_mask_bits(mask2, numel) != bits).sum().item()
