@@ -62,18 +62,19 @@ __device__ __forceinline__ unsigned mask_bits(const uint8_t* mask, int64_t off) 
   return static_cast<unsigned>(mask[off >> 3]) >> static_cast<unsigned>(off & 7);
 }
 
-// g for element i of a pack: from the mask bits when there is a mask, else masked().
-template <typename A>
+// g for element i of a pack: from the mask bits (M: the kernels' template parameter, true only
+// for relu_mask_backward_cuda, so BatchNorm's own kernels compile as without a mask), else masked().
+template <bool M, typename A>
 __device__ __forceinline__ A gate(A g, A c, A a, A e, bool relu, const uint8_t* mask,
                                   unsigned bits, int i) {
-  if (mask != nullptr) return ((bits >> i) & 1u) ? g : A(0);
+  if constexpr (M) return ((bits >> i) & 1u) ? g : A(0);
   return masked(g, c, a, e, relu);
 }
 
 // x, dy: [N, C, HW]. The block reduces slice `split` of `splits` of channel c into ws:
 // [C, splits, 3] = (sum g, sum g*c, sum c). kLoop: the caller loops over items with the same
 // shared memory, so the item ends with a block barrier (a one-item kernel leaves it out).
-template <typename T, int V, bool kLoop>
+template <typename T, int V, bool kLoop, bool M = false>
 __device__ __forceinline__ void bwd_reduce_nchw_item(
     const T* __restrict__ x, const T* __restrict__ dy, typename Acc<T>::type* __restrict__ ws,
     int64_t N, int64_t C, int64_t HW, int64_t c, int64_t split, int splits,
@@ -102,7 +103,7 @@ __device__ __forceinline__ void bwd_reduce_nchw_item(
         if (j + u * stride < end) {
           px[u] = *reinterpret_cast<const Pack<T, V>*>(x + w.off);
           pg[u] = *reinterpret_cast<const Pack<T, V>*>(dy + w.off);
-          if (mask != nullptr) bits[u] = mask_bits<V>(mask, w.off);
+          if constexpr (M) bits[u] = mask_bits<V>(mask, w.off);
         }
         w.advance();
       }
@@ -113,7 +114,7 @@ __device__ __forceinline__ void bwd_reduce_nchw_item(
           for (int i = 0; i < V; ++i) {
             const A cx = static_cast<A>(px[u].v[i]) - pre.mean;
             const A g =
-                gate(static_cast<A>(pg[u].v[i]), cx, pre.a, pre.e, relu, mask, bits[u], i);
+                gate<M>(static_cast<A>(pg[u].v[i]), cx, pre.a, pre.e, relu, mask, bits[u], i);
             sg += g;
             sgc += g * cx;
             sc += cx;
@@ -149,7 +150,7 @@ __device__ __forceinline__ void bwd_reduce_nchw_item(
 }
 
 // grid (C, splits), block kThreads: one item per block.
-template <typename T, int V>
+template <typename T, int V, bool M = false>
 __global__ void __launch_bounds__(kThreads, 2)
     bn_bwd_reduce_nchw(const T* __restrict__ x, const T* __restrict__ dy,
                        typename Acc<T>::type* __restrict__ ws, int64_t N, int64_t C, int64_t HW,
@@ -157,7 +158,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                        const typename Acc<T>::type* save_invstd,
                        const typename Acc<T>::type* reserve, const void* weight, int wkind,
                        const void* bias, int bkind, bool relu, const uint8_t* mask) {
-  bwd_reduce_nchw_item<T, V, false>(x, dy, ws, N, C, HW, blockIdx.x, blockIdx.y, gridDim.y,
+  bwd_reduce_nchw_item<T, V, false, M>(x, dy, ws, N, C, HW, blockIdx.x, blockIdx.y, gridDim.y,
                                     save_mean, save_invstd, reserve, weight, wkind, bias, bkind,
                                     relu, mask);
 }
@@ -165,7 +166,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 // x, dy: [R, C]; block (TX, TY), grid (ceil(C/V/TX), splits). The block reduces its channels
 // over the rows blockIdx.y * TY + threadIdx.y + k * splits * TY into ws [C, splits, 3].
 // sm: TY * TX * V * 3 accumulators (dynamic shared memory).
-template <typename T, int V>
+template <typename T, int V, bool M = false>
 __device__ __forceinline__ void bwd_reduce_nhwc_block(
     const T* __restrict__ x, const T* __restrict__ dy, typename Acc<T>::type* __restrict__ ws,
     int64_t R, int64_t C, const typename Acc<T>::type* save_mean,
@@ -209,7 +210,7 @@ __device__ __forceinline__ void bwd_reduce_nhwc_block(
           const int64_t off = (r + u * rstride) * C + cv * V;
           px[u] = *reinterpret_cast<const Pack<T, V>*>(x + off);
           pg[u] = *reinterpret_cast<const Pack<T, V>*>(dy + off);
-          if (mask != nullptr) bits[u] = mask_bits<V>(mask, off);
+          if constexpr (M) bits[u] = mask_bits<V>(mask, off);
         }
       }
 #pragma unroll
@@ -218,7 +219,7 @@ __device__ __forceinline__ void bwd_reduce_nhwc_block(
 #pragma unroll
           for (int i = 0; i < V; ++i) {
             const A cx = static_cast<A>(px[u].v[i]) - mean[i];
-            const A g = gate(static_cast<A>(pg[u].v[i]), cx, a[i], e[i], relu, mask, bits[u], i);
+            const A g = gate<M>(static_cast<A>(pg[u].v[i]), cx, a[i], e[i], relu, mask, bits[u], i);
             sg[i] += g;
             sgc[i] += g * cx;
             sc[i] += cx;
@@ -257,7 +258,7 @@ __device__ __forceinline__ void bwd_reduce_nhwc_block(
 }
 
 // dynamic smem TY*TX*V*3 sums.
-template <typename T, int V>
+template <typename T, int V, bool M = false>
 __global__ void __launch_bounds__(kThreads, 2)
     bn_bwd_reduce_nhwc(const T* __restrict__ x, const T* __restrict__ dy,
                        typename Acc<T>::type* __restrict__ ws, int64_t R, int64_t C,
@@ -266,7 +267,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                        const typename Acc<T>::type* reserve, const void* weight, int wkind,
                        const void* bias, int bkind, bool relu, const uint8_t* mask) {
   extern __shared__ unsigned char smem_raw[];
-  bwd_reduce_nhwc_block<T, V>(x, dy, ws, R, C, save_mean, save_invstd, reserve, weight, wkind,
+  bwd_reduce_nhwc_block<T, V, M>(x, dy, ws, R, C, save_mean, save_invstd, reserve, weight, wkind,
                               bias, bkind, relu, mask,
                               reinterpret_cast<typename Acc<T>::type*>(smem_raw));
 }
@@ -356,7 +357,7 @@ __global__ void bn_bwd_finalize(BwdArgs<A> f, int64_t C, A* __restrict__ coef) {
 // finishes the channel first from the f.splits partials; split 0 stores the parameter grads.
 // need_x: false only for eval without ReLU. kLoop: as bwd_reduce_nchw_item (the barrier costs
 // the one-item kernel registers).
-template <typename T, int V, bool kLoop>
+template <typename T, int V, bool kLoop, bool M = false>
 __device__ __forceinline__ void bwd_apply_nchw_item(const T* __restrict__ x,
                                                     const T* __restrict__ dy,
                                                     T* __restrict__ dx,
@@ -394,7 +395,7 @@ __device__ __forceinline__ void bwd_apply_nchw_item(const T* __restrict__ x,
         if (j - u * stride >= begin) {
           if (need_x) px[u] = *reinterpret_cast<const Pack<T, V>*>(x + w.off);
           pg[u] = *reinterpret_cast<const Pack<T, V>*>(dy + w.off);
-          if (f.mask != nullptr) bits[u] = mask_bits<V>(f.mask, w.off);
+          if constexpr (M) bits[u] = mask_bits<V>(f.mask, w.off);
         }
         w.retreat();
       }
@@ -405,7 +406,7 @@ __device__ __forceinline__ void bwd_apply_nchw_item(const T* __restrict__ x,
 #pragma unroll
           for (int i = 0; i < V; ++i) {
             const A cx = need_x ? static_cast<A>(px[u].v[i]) - mean : A(0);
-            const A g = gate(static_cast<A>(pg[u].v[i]), cx, a, e, relu, f.mask, bits[u], i);
+            const A g = gate<M>(static_cast<A>(pg[u].v[i]), cx, a, e, relu, f.mask, bits[u], i);
             o.v[i] = static_cast<T>(a * g + B * cx + D);
           }
           *reinterpret_cast<Pack<T, V>*>(dx + off[u]) = o;
@@ -417,17 +418,17 @@ __device__ __forceinline__ void bwd_apply_nchw_item(const T* __restrict__ x,
 }
 
 // grid (C, splits of the apply), block kThreads; the last channels first (still in L2).
-template <typename T, int V>
+template <typename T, int V, bool M = false>
 __global__ void __launch_bounds__(kThreads, 2)
     bn_bwd_apply_nchw(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
                       BwdArgs<typename Acc<T>::type> f, int64_t N, int64_t C, int64_t HW,
                       bool relu, bool need_x) {
-  bwd_apply_nchw_item<T, V, false>(x, dy, dx, f, N, C, HW, int64_t(gridDim.x) - 1 - blockIdx.x,
+  bwd_apply_nchw_item<T, V, false, M>(x, dy, dx, f, N, C, HW, int64_t(gridDim.x) - 1 - blockIdx.x,
                                    blockIdx.y, gridDim.y, relu, need_x);
 }
 
 // x, dy, dx: [R, C]; block/grid like bn_bwd_reduce_nhwc.
-template <typename T, int V>
+template <typename T, int V, bool M = false>
 __global__ void __launch_bounds__(kThreads, 2)
     bn_bwd_apply_nhwc(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
                       const typename Acc<T>::type* __restrict__ coef, int64_t R, int64_t C,
@@ -458,7 +459,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         const int64_t off = (R - 1 - r - u * rstride) * C + cv * V;  // last rows first
         if (need_x) px[u] = *reinterpret_cast<const Pack<T, V>*>(x + off);
         pg[u] = *reinterpret_cast<const Pack<T, V>*>(dy + off);
-        if (mask != nullptr) bits[u] = mask_bits<V>(mask, off);
+        if constexpr (M) bits[u] = mask_bits<V>(mask, off);
       }
     }
 #pragma unroll
@@ -468,7 +469,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
         for (int i = 0; i < V; ++i) {
           const A cx = need_x ? static_cast<A>(px[u].v[i]) - mean[i] : A(0);
-          const A g = gate(static_cast<A>(pg[u].v[i]), cx, a[i], e[i], relu, mask, bits[u], i);
+          const A g = gate<M>(static_cast<A>(pg[u].v[i]), cx, a[i], e[i], relu, mask, bits[u], i);
           o.v[i] = static_cast<T>(a[i] * g + B[i] * cx + D[i]);
         }
         *reinterpret_cast<Pack<T, V>*>(dx + (R - 1 - r - u * rstride) * C + cv * V) = o;
@@ -494,7 +495,7 @@ struct FusedNhwcMinBlocks {
 // -> grid barrier -> each block finishes and applies its items in reverse order (most recently
 // read first, still in L2). f.ws == ws with f.splits slices per channel. Saves the apply launch
 // and its gap.
-template <typename T, int V>
+template <typename T, int V, bool M = false>
 __global__ void __launch_bounds__(kThreads, FusedNchwMinBlocks<T, V>::value)
     bn_bwd_fused_nchw(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
                       BwdArgs<typename Acc<T>::type> f, typename Acc<T>::type* ws, int64_t N,
@@ -504,14 +505,14 @@ __global__ void __launch_bounds__(kThreads, FusedNchwMinBlocks<T, V>::value)
   const int64_t items = C * splits;
   const int64_t G = gridDim.x;
   for (int64_t it = blockIdx.x; it < items; it += G)
-    bwd_reduce_nchw_item<T, V, true>(x, dy, ws, N, C, HW, it / splits, it % splits, splits,
+    bwd_reduce_nchw_item<T, V, true, M>(x, dy, ws, N, C, HW, it / splits, it % splits, splits,
                                      f.save_mean, f.save_invstd, f.reserve, f.weight, f.wkind,
                                      f.bias, f.bkind, relu, f.mask);
   grid.sync();
   if (int64_t(blockIdx.x) >= items) return;
   const int64_t last = blockIdx.x + ((items - 1 - blockIdx.x) / G) * G;
   for (int64_t it = last; it >= 0; it -= G)
-    bwd_apply_nchw_item<T, V, true>(x, dy, dx, f, N, C, HW, it / splits, it % splits, splits,
+    bwd_apply_nchw_item<T, V, true, M>(x, dy, dx, f, N, C, HW, it / splits, it % splits, splits,
                                     relu, need_x);
 }
 
@@ -521,7 +522,7 @@ __global__ void __launch_bounds__(kThreads, FusedNchwMinBlocks<T, V>::value)
 // the rows it reduced, last rows first (still in L2). Same grid, block and shared memory as
 // bn_bwd_reduce_nhwc; f.ws == ws with f.splits == gridDim.y. Saves the finalize and apply
 // launches and their gaps.
-template <typename T, int V>
+template <typename T, int V, bool M = false>
 __global__ void __launch_bounds__(kThreads, FusedNhwcMinBlocks<T, V>::value)
     bn_bwd_fused_nhwc(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
                       BwdArgs<typename Acc<T>::type> f, typename Acc<T>::type* ws,
@@ -531,7 +532,7 @@ __global__ void __launch_bounds__(kThreads, FusedNhwcMinBlocks<T, V>::value)
   constexpr int U = BwdUnroll<V>::value;
   extern __shared__ unsigned char smem_raw[];
   cg::grid_group grid = cg::this_grid();
-  bwd_reduce_nhwc_block<T, V>(x, dy, ws, R, C, f.save_mean, f.save_invstd, f.reserve, f.weight,
+  bwd_reduce_nhwc_block<T, V, M>(x, dy, ws, R, C, f.save_mean, f.save_invstd, f.reserve, f.weight,
                               f.wkind, f.bias, f.bkind, relu, f.mask,
                               reinterpret_cast<A*>(smem_raw));
   grid.sync();
@@ -574,7 +575,7 @@ __global__ void __launch_bounds__(kThreads, FusedNhwcMinBlocks<T, V>::value)
         const int64_t off = (r - u * rstride) * C + cv * V;
         if (need_x) px[u] = *reinterpret_cast<const Pack<T, V>*>(x + off);
         pg[u] = *reinterpret_cast<const Pack<T, V>*>(dy + off);
-        if (f.mask != nullptr) bits[u] = mask_bits<V>(f.mask, off);
+        if constexpr (M) bits[u] = mask_bits<V>(f.mask, off);
       }
     }
 #pragma unroll
@@ -585,7 +586,7 @@ __global__ void __launch_bounds__(kThreads, FusedNhwcMinBlocks<T, V>::value)
         for (int i = 0; i < V; ++i) {
           const A cx = need_x ? static_cast<A>(px[u].v[i]) - mean[i] : A(0);
           const A g =
-              gate(static_cast<A>(pg[u].v[i]), cx, a[i], e[i], relu, f.mask, bits[u], i);
+              gate<M>(static_cast<A>(pg[u].v[i]), cx, a[i], e[i], relu, f.mask, bits[u], i);
           o.v[i] = static_cast<T>(a[i] * g + B[i] * cx + D[i]);
         }
         *reinterpret_cast<Pack<T, V>*>(dx + (r - u * rstride) * C + cv * V) = o;
@@ -608,7 +609,7 @@ inline int fused_bwd_setting() {
 // Tries the one-launch backward (reduction and grad_input wanted); false when it does not apply
 // (the caller then runs the multi-kernel path). f: everything but the partials (f.ws, f.splits),
 // which this sets.
-template <typename T, int V>
+template <typename T, int V, bool M = false>
 bool launch_fused_backward(const Layout& l, const T* x, const T* g, T* dx,
                            BwdArgs<typename Acc<T>::type> f, const at::TensorOptions& acc_opts,
                            bool relu, bool need_x, int device, cudaStream_t stream) {
@@ -624,7 +625,7 @@ bool launch_fused_backward(const Layout& l, const T* x, const T* g, T* dx,
   int64_t C = l.C;
   if (l.nhwc) {
     const size_t smem = size_t(kThreads) * V * 3 * sizeof(A);
-    const int per_sm = blocks_per_sm(bn_bwd_fused_nhwc<T, V>, smem);
+    const int per_sm = blocks_per_sm(bn_bwd_fused_nhwc<T, V, M>, smem);
     // as bn_bwd_reduce_nhwc's plan: x and grad_out are read, twice the bytes per row
     const int ty = static_cast<int>(nhwc_block(l.C / V).y);
     const NhwcGrid gr = nhwc_grid(l.C / V, l.N * l.HW, device, per_sm,
@@ -639,10 +640,10 @@ bool launch_fused_backward(const Layout& l, const T* x, const T* g, T* dx,
     f.splits = gr.splits;
     int64_t R = l.N * l.HW;
     void* args[] = {&xa, &ga, &dxa, &f, &wsp, &cp, &R, &C, &relu, &need_x};
-    return launch_cooperative(reinterpret_cast<const void*>(bn_bwd_fused_nhwc<T, V>),
+    return launch_cooperative(reinterpret_cast<const void*>(bn_bwd_fused_nhwc<T, V, M>),
                                   gr.grid, gr.block, args, smem, stream);
   }
-  const int per_sm = blocks_per_sm(bn_bwd_fused_nchw<T, V>, 0);
+  const int per_sm = blocks_per_sm(bn_bwd_fused_nchw<T, V, M>, 0);
   const int64_t resident = int64_t(sm_count(device)) * per_sm;
   const int splits = nchw_splits(l.C, l.N * (l.HW / V), device, per_sm);
   const int64_t items = l.C * splits;
@@ -653,7 +654,7 @@ bool launch_fused_backward(const Layout& l, const T* x, const T* g, T* dx,
   f.splits = splits;
   int64_t N = l.N, HW = l.HW;
   void* args[] = {&xa, &ga, &dxa, &f, &wsp, &N, &C, &HW, &relu, &need_x};
-  return launch_cooperative(reinterpret_cast<const void*>(bn_bwd_fused_nchw<T, V>),
+  return launch_cooperative(reinterpret_cast<const void*>(bn_bwd_fused_nchw<T, V, M>),
                                 dim3(static_cast<unsigned>(blocks)), dim3(kThreads), args, 0,
                                 stream);
 }
@@ -769,7 +770,7 @@ bool launch_bwd_singleread_nchw(const Layout& l, const T* x, const T* g, T* dx,
 // small channels, or bn_bwd_fused_* alone for small tensors (see launch_fused_backward); else NCHW: reduce (if needed) -> apply (which finishes its channel
 // itself), and without grad_input reduce -> finalize; NHWC: reduce (if needed) -> finalize ->
 // apply (if grad_input is wanted).
-template <typename T, int V>
+template <typename T, int V, bool M = false>
 void launch_backward(const Layout& l, const at::Tensor& dy, const at::Tensor& dx,
                      const at::Tensor& w, const at::Tensor& b, const at::Tensor& save_mean,
                      const at::Tensor& save_invstd, const at::Tensor& reserve, bool training,
@@ -808,7 +809,7 @@ void launch_backward(const Layout& l, const at::Tensor& dy, const at::Tensor& dx
     return;
   }
   if (need_reduce && dx.defined() &&
-      launch_fused_backward<T, V>(l, x, g, dx.data_ptr<T>(), f, acc_opts, relu, need_x, device,
+      launch_fused_backward<T, V, M>(l, x, g, dx.data_ptr<T>(), f, acc_opts, relu, need_x, device,
                                   stream)) {
     return;
   }
@@ -816,18 +817,18 @@ void launch_backward(const Layout& l, const at::Tensor& dy, const at::Tensor& dx
   at::Tensor ws;
   if (need_reduce) {
     // reads x and grad_out: twice the bytes per row against the same partials
-    const Plan p = l.nhwc ? plan_launch(bn_bwd_reduce_nhwc<T, V>, true, l.N, l.C, l.HW, V,
+    const Plan p = l.nhwc ? plan_launch(bn_bwd_reduce_nhwc<T, V, M>, true, l.N, l.C, l.HW, V,
                                         V * 3 * sizeof(A), device, 2 * sizeof(T))
-                          : plan_launch(bn_bwd_reduce_nchw<T, V>, false, l.N, l.C, l.HW, V, 0,
+                          : plan_launch(bn_bwd_reduce_nchw<T, V, M>, false, l.N, l.C, l.HW, V, 0,
                                         device);
     splits = p.splits;
     ws = at::empty({l.C * splits * 3}, acc_opts);
     if (l.nhwc) {
-      bn_bwd_reduce_nhwc<T, V><<<p.grid, p.block, p.smem, stream>>>(
+      bn_bwd_reduce_nhwc<T, V, M><<<p.grid, p.block, p.smem, stream>>>(
           x, g, ws.data_ptr<A>(), R, l.C, sm, si, rs, param_ptr(w), param_kind(w), param_ptr(b),
           param_kind(b), relu, mask);
     } else {
-      bn_bwd_reduce_nchw<T, V><<<p.grid, p.block, 0, stream>>>(
+      bn_bwd_reduce_nchw<T, V, M><<<p.grid, p.block, 0, stream>>>(
           x, g, ws.data_ptr<A>(), l.N, l.C, l.HW, sm, si, rs, param_ptr(w), param_kind(w),
           param_ptr(b), param_kind(b), relu, mask);
     }
@@ -837,9 +838,9 @@ void launch_backward(const Layout& l, const at::Tensor& dy, const at::Tensor& dx
   f.splits = need_reduce ? splits : 0;
   if (!l.nhwc && dx.defined()) {
     // the apply blocks finish their channel themselves
-    Plan p = plan_launch(bn_bwd_apply_nchw<T, V>, false, l.N, l.C, l.HW, V, 0, device);
+    Plan p = plan_launch(bn_bwd_apply_nchw<T, V, M>, false, l.N, l.C, l.HW, V, 0, device);
     if (need_reduce) p.grid.y = static_cast<unsigned>(splits);  // same slices, reversed
-    bn_bwd_apply_nchw<T, V><<<p.grid, p.block, 0, stream>>>(x, g, dx.data_ptr<T>(), f, l.N, l.C,
+    bn_bwd_apply_nchw<T, V, M><<<p.grid, p.block, 0, stream>>>(x, g, dx.data_ptr<T>(), f, l.N, l.C,
                                                             l.HW, relu, need_x);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
@@ -852,8 +853,8 @@ void launch_backward(const Layout& l, const at::Tensor& dy, const at::Tensor& dx
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   if (dx.defined()) {
-    const Plan p = plan_launch(bn_bwd_apply_nhwc<T, V>, true, l.N, l.C, l.HW, V, 0, device);
-    bn_bwd_apply_nhwc<T, V><<<p.grid, p.block, 0, stream>>>(
+    const Plan p = plan_launch(bn_bwd_apply_nhwc<T, V, M>, true, l.N, l.C, l.HW, V, 0, device);
+    bn_bwd_apply_nhwc<T, V, M><<<p.grid, p.block, 0, stream>>>(
         x, g, dx.data_ptr<T>(), coef.data_ptr<A>(), R, l.C, relu, need_x, mask);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
@@ -947,15 +948,17 @@ bool relu_mask_backward_cuda(const at::Tensor& x, const at::Tensor& grad_out,
   c10::cuda::CUDAGuard guard(x.device());
   const uint8_t* mp = mask.data_ptr<uint8_t>();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, st, "bn_relu_mask_bwd", [&] {
-    constexpr int VW = 16 / sizeof(scalar_t);
-    const void* dxp = dx.defined() ? dx.data_ptr() : nullptr;
-    // the reserve pointer is read but unused with a mask
-    if (vec_width<scalar_t>(l, {l.x.data_ptr(), dy.data_ptr(), dxp}) == VW) {
-      launch_backward<scalar_t, VW>(l, dy, dx, weight, at::Tensor(), sm, si, sm, true, false,
-                                    true, grad_weight, grad_bias, mp);
-    } else {
-      launch_backward<scalar_t, 1>(l, dy, dx, weight, at::Tensor(), sm, si, sm, true, false,
-                                   true, grad_weight, grad_bias, mp);
+    if constexpr (sizeof(scalar_t) <= 4) {  // float64 is refused above
+      constexpr int VW = 16 / sizeof(scalar_t);
+      const void* dxp = dx.defined() ? dx.data_ptr() : nullptr;
+      // the reserve pointer is read but unused with a mask
+      if (vec_width<scalar_t>(l, {l.x.data_ptr(), dy.data_ptr(), dxp}) == VW) {
+        launch_backward<scalar_t, VW, true>(l, dy, dx, weight, at::Tensor(), sm, si, sm, true,
+                                            false, true, grad_weight, grad_bias, mp);
+      } else {
+        launch_backward<scalar_t, 1, true>(l, dy, dx, weight, at::Tensor(), sm, si, sm, true,
+                                           false, true, grad_weight, grad_bias, mp);
+      }
     }
   });
   return true;

@@ -1174,6 +1174,12 @@ inline int tile_nhwc_splits() {
   return v;
 }
 
+// Most splits the default policy gives bn_tile_nhwc: every block merges splits * ct partials in
+// phase 2, which outgrows what it saves. On the H200 (one run, float16): 66 splits (64,256,14,14)
+// 15.9 us against 21.6 for the kernels without it, 198 splits (64,128,28,28) 25.3 against 25.1,
+// and Conv+BN+ReLU (32,64,56,56)->64 at 396 splits no faster than its own three kernels.
+constexpr int64_t kTileMaxSplits = 256;
+
 // A grid of bn_tile_nhwc: tiles of ct channels, `splits` blocks per tile (0: no grid fits), at
 // most `waves` blocks per SM.
 struct TileGrid {
@@ -1216,6 +1222,7 @@ inline TileGrid tile_grid(int64_t R, int64_t C, int ct, int64_t ty, int sms, int
     if (s > kMaxSplits) s = kMaxSplits;
     if (s < 1) continue;
     if (rows(s) <= maxr) {
+      if (s > kTileMaxSplits) return g;  // see kTileMaxSplits
       g.splits = static_cast<int>(s);
       g.waves = b;
       return g;
