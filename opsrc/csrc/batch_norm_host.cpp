@@ -138,19 +138,6 @@ FwdOut batch_norm_autograd(const Tensor& input, const OptTensor& weight, const O
   return {r[0], r[1], r[2], r[3]};
 }
 
-// A plain CUDA tensor of an eager call: no tensor subclass, functionalization, vmap or dispatch
-// mode is involved (those must see the ops themselves, e.g. under torch.compile or opcheck).
-bool plain_cuda(const Tensor& t) {
-  if (!t.is_cuda()) return false;
-  constexpr c10::DispatchKeySet kWrapped({c10::DispatchKey::Python,
-                                          c10::DispatchKey::PythonTLSSnapshot,
-                                          c10::DispatchKey::Functionalize,
-                                          c10::DispatchKey::FuncTorchBatched,
-                                          c10::DispatchKey::FuncTorchGradWrapper,
-                                          c10::DispatchKey::Conjugate, c10::DispatchKey::Negative});
-  return !t.key_set().has_any(kWrapped);
-}
-
 bool eager_fast_path(const Tensor& input, const OptTensor& weight, const OptTensor& bias,
                      const OptTensor& running_mean, const OptTensor& running_var) {
   if (c10::impl::TorchDispatchModeTLS::stack_len() > 0) return false;

@@ -237,19 +237,6 @@ Tensor eval_autograd(const Tensor& input, const Tensor& weight, const OptTensor&
   return EvalFn::apply(input, weight, bias, stride, padding, dilation, groups, impl)[0];
 }
 
-// A plain CUDA tensor of an eager call: no tensor subclass, functionalization, vmap or dispatch
-// mode is involved (those must see the ops themselves, e.g. under torch.compile or opcheck).
-bool plain_cuda(const Tensor& t) {
-  if (!t.is_cuda()) return false;
-  constexpr c10::DispatchKeySet kWrapped({c10::DispatchKey::Python,
-                                          c10::DispatchKey::PythonTLSSnapshot,
-                                          c10::DispatchKey::Functionalize,
-                                          c10::DispatchKey::FuncTorchBatched,
-                                          c10::DispatchKey::FuncTorchGradWrapper,
-                                          c10::DispatchKey::Conjugate, c10::DispatchKey::Negative});
-  return !t.key_set().has_any(kWrapped);
-}
-
 // Whether forward_composite may call the CUDA implementation directly (TrainFn with update):
 // an eager call on plain CUDA tensors, running statistics contiguous, the switch not off.
 bool eager_fast_path(const Tensor& input, const Tensor& weight, const OptTensor& conv_bias,

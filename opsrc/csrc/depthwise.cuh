@@ -160,6 +160,19 @@ struct RawVec<4> { using type = unsigned int; };
 template <>
 struct RawVec<2> { using type = unsigned short; };
 
+// V elements (V*sizeof(T) bytes, aligned) through the read-only path as
+// float; zeros without a memory access when !ok.
+template <typename T, int V>
+__device__ __forceinline__ void ldg_vec_or_zero(const T* p, bool ok, float (&out)[V]) {
+  using R = typename RawVec<sizeof(T) * V>::type;
+  R r{};
+  if (ok) r = __ldg(reinterpret_cast<const R*>(p));
+  T tmp[V];
+  memcpy(tmp, &r, sizeof(R));
+#pragma unroll
+  for (int i = 0; i < V; ++i) out[i] = to_float(tmp[i]);
+}
+
 // Load V consecutive elements (aligned to V*sizeof(T)) as one vector access.
 template <typename T, int V>
 __device__ __forceinline__ void load_vec(const T* p, float (&out)[V]) {

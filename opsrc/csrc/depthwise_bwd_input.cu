@@ -60,19 +60,6 @@ __device__ __forceinline__ unsigned fdiv(unsigned n, const FastDiv& f) {
   return (__umulhi(n, f.m) + n) >> f.shift;
 }
 
-// V elements through the read-only path as float; zeros without a memory
-// access when !ok.
-template <typename T, int V>
-__device__ __forceinline__ void ldg_vec_or_zero(const T* p, bool ok, float (&out)[V]) {
-  using R = typename RawVec<sizeof(T) * V>::type;
-  R r{};
-  if (ok) r = __ldg(reinterpret_cast<const R*>(p));
-  T tmp[V];
-  memcpy(tmp, &r, sizeof(R));
-#pragma unroll
-  for (int i = 0; i < V; ++i) out[i] = to_float(tmp[i]);
-}
-
 // a += g * w for V channels; w: V floats in shared memory, 16-byte aligned.
 template <int V>
 __device__ __forceinline__ void fma_tap(float (&a)[V], const float (&g)[V], const float* w) {

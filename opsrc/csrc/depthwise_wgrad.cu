@@ -419,19 +419,6 @@ namespace v2 {
 constexpr int kBlock = 256;   // most threads per block of wgrad_nhwc_v2
 constexpr int kTxCap = 8;     // channel vectors per block (128 bytes of channels for V=8 fp16)
 
-// V elements (V*sizeof(T) bytes, aligned) through the read-only path as
-// float; zeros without a memory access when !ok.
-template <typename T, int V>
-__device__ __forceinline__ void ldg_vec_or_zero(const T* p, bool ok, float (&out)[V]) {
-  using R = typename RawVec<sizeof(T) * V>::type;
-  R r{};
-  if (ok) r = __ldg(reinterpret_cast<const R*>(p));
-  T tmp[V];
-  memcpy(tmp, &r, sizeof(R));
-#pragma unroll
-  for (int i = 0; i < V; ++i) out[i] = to_float(tmp[i]);
-}
-
 // Input vector at column ix of the thread's input row (zero outside the image).
 template <typename T, int V>
 __device__ __forceinline__ void load_col(const T* xr, int C, int W, bool rowok, int ix,

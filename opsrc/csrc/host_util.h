@@ -2,6 +2,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/DispatchKeySet.h>
 #include <c10/util/ArrayRef.h>
 
 #include <cstdint>
@@ -15,5 +16,18 @@ inline bool has(const std::optional<at::Tensor>& t) { return t.has_value() && t-
 
 // An int list argument as a vector (what an autograd context's saved_data keeps).
 inline std::vector<int64_t> vec(at::IntArrayRef v) { return std::vector<int64_t>(v.begin(), v.end()); }
+
+// A plain CUDA tensor of an eager call: no tensor subclass, functionalization, vmap or dispatch
+// mode is involved (those must see the ops themselves, e.g. under torch.compile or opcheck).
+inline bool plain_cuda(const at::Tensor& t) {
+  if (!t.is_cuda()) return false;
+  constexpr c10::DispatchKeySet kWrapped({c10::DispatchKey::Python,
+                                          c10::DispatchKey::PythonTLSSnapshot,
+                                          c10::DispatchKey::Functionalize,
+                                          c10::DispatchKey::FuncTorchBatched,
+                                          c10::DispatchKey::FuncTorchGradWrapper,
+                                          c10::DispatchKey::Conjugate, c10::DispatchKey::Negative});
+  return !t.key_set().has_any(kWrapped);
+}
 
 }  // namespace cudadoctor_ops
