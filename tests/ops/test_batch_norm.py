@@ -665,6 +665,32 @@ def test_tile_nhwc_forward_matches_float64(ops, switches):
         assert r["cl"], f"{key}: output lost the channels_last layout"
 
 
+def test_tile_nhwc_declines_grids_of_more_than_256_splits(ops):
+    """bn_tile_nhwc's default grid stops at 256 splits: (32,64,56,56) float16 channels_last is one
+    tile of 64 channels over 100352 rows, and at <= 8 rows per thread (32 rows per block pass) it
+    would need >= 392 splits on any GPU, so the forward takes the other channels-last kernels,
+    with the same result as float64."""
+    if os.environ.get("CUDADOCTOR_OPS_BN_NHWC_TILE_SPLITS"):
+        pytest.skip("CUDADOCTOR_OPS_BN_NHWC_TILE_SPLITS forces the splits in this process")
+    from torch.profiler import ProfilerActivity, profile
+
+    x, w, b, rm, rv = make((32, 64, 56, 56), torch.float16, "nhwc", pdtype=torch.float32)
+    rm0, rv0 = rm.clone(), rv.clone()
+    ops.batch_norm(x, rm.clone(), rv.clone(), w, b, True, 0.1, 1e-5)  # warm-up outside the profiler
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        y = ops.batch_norm(x, rm, rv, w, b, True, 0.1, 1e-5, activation="relu")
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events()]
+    if not names:
+        pytest.skip("torch.profiler recorded no CUDA kernels here")
+    assert not any("bn_tile_nhwc" in n for n in names), names
+    ey, erm, erv = reference(x, rm0, rv0, w, b, True, 0.1, 1e-5, "relu")
+    close(y, ey, torch.float16, what="output")
+    close(rm, erm, torch.float32, what="running_mean")
+    close(rv, erv, torch.float32, what="running_var")
+
+
 class _Passthrough(TorchDispatchMode):
     """Runs every op unchanged; its presence makes batch_norm take the dispatched two-op path."""
 
