@@ -427,6 +427,38 @@ __global__ void __launch_bounds__(kThreads, 2)
                                    blockIdx.y, gridDim.y, relu, need_x);
 }
 
+// The channels-last apply passes: coef [C, 5] = (mean, A, B, D, E) of the thread's V channels
+// cv*V.. (see finish_bwd_channel), and grad_input of one pack from x, grad_out and the mask bits.
+template <typename A, int V>
+__device__ __forceinline__ void load_bwd_coef(const A* coef, int64_t cv, A (&mean)[V], A (&a)[V],
+                                              A (&B)[V], A (&D)[V], A (&e)[V]) {
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    const A* q = coef + (cv * V + i) * 5;
+    mean[i] = q[0];
+    a[i] = q[1];
+    B[i] = q[2];
+    D[i] = q[3];
+    e[i] = q[4];
+  }
+}
+
+template <bool M, typename T, int V, typename A>
+__device__ __forceinline__ Pack<T, V> bwd_dx_pack(const Pack<T, V>& px, const Pack<T, V>& pg,
+                                                  unsigned bits, const A (&mean)[V],
+                                                  const A (&a)[V], const A (&B)[V],
+                                                  const A (&D)[V], const A (&e)[V], bool relu,
+                                                  bool need_x, const uint8_t* mask) {
+  Pack<T, V> o;
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    const A cx = need_x ? static_cast<A>(px.v[i]) - mean[i] : A(0);
+    const A g = gate<M>(static_cast<A>(pg.v[i]), cx, a[i], e[i], relu, mask, bits, i);
+    o.v[i] = static_cast<T>(a[i] * g + B[i] * cx + D[i]);
+  }
+  return o;
+}
+
 // x, dy, dx: [R, C]; block/grid like bn_bwd_reduce_nhwc.
 template <typename T, int V, bool M = false>
 __global__ void __launch_bounds__(kThreads, 2)
@@ -439,15 +471,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int64_t cv = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (cv >= Cv) return;
   A mean[V], a[V], B[V], D[V], e[V];
-#pragma unroll
-  for (int i = 0; i < V; ++i) {
-    const A* q = coef + (cv * V + i) * 5;
-    mean[i] = q[0];
-    a[i] = q[1];
-    B[i] = q[2];
-    D[i] = q[3];
-    e[i] = q[4];
-  }
+  load_bwd_coef<A, V>(coef, cv, mean, a, B, D, e);
   const int64_t rstride = int64_t(gridDim.y) * blockDim.y;
   for (int64_t r = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; r < R; r += U * rstride) {
     Pack<T, V> px[U], pg[U];
@@ -465,14 +489,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (r + u * rstride < R) {
-        Pack<T, V> o;
-#pragma unroll
-        for (int i = 0; i < V; ++i) {
-          const A cx = need_x ? static_cast<A>(px[u].v[i]) - mean[i] : A(0);
-          const A g = gate<M>(static_cast<A>(pg[u].v[i]), cx, a[i], e[i], relu, mask, bits[u], i);
-          o.v[i] = static_cast<T>(a[i] * g + B[i] * cx + D[i]);
-        }
-        *reinterpret_cast<Pack<T, V>*>(dx + (R - 1 - r - u * rstride) * C + cv * V) = o;
+        *reinterpret_cast<Pack<T, V>*>(dx + (R - 1 - r - u * rstride) * C + cv * V) =
+            bwd_dx_pack<M, T, V>(px[u], pg[u], bits[u], mean, a, B, D, e, relu, need_x, mask);
       }
     }
   }
@@ -551,15 +569,7 @@ __global__ void __launch_bounds__(kThreads, FusedNhwcMinBlocks<T, V>::value)
   const int64_t cv = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (cv >= Cv) return;
   A mean[V], a[V], B[V], D[V], e[V];
-#pragma unroll
-  for (int i = 0; i < V; ++i) {
-    const A* q = coef + (cv * V + i) * 5;
-    mean[i] = q[0];
-    a[i] = q[1];
-    B[i] = q[2];
-    D[i] = q[3];
-    e[i] = q[4];
-  }
+  load_bwd_coef<A, V>(coef, cv, mean, a, B, D, e);
   // the rows this thread reduced, last ones first (most recently read)
   const int64_t rstride = int64_t(gridDim.y) * blockDim.y;
   const int64_t r0 = int64_t(blockIdx.y) * blockDim.y + threadIdx.y;
@@ -581,15 +591,8 @@ __global__ void __launch_bounds__(kThreads, FusedNhwcMinBlocks<T, V>::value)
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (r - u * rstride >= r0) {
-        Pack<T, V> o;
-#pragma unroll
-        for (int i = 0; i < V; ++i) {
-          const A cx = need_x ? static_cast<A>(px[u].v[i]) - mean[i] : A(0);
-          const A g =
-              gate<M>(static_cast<A>(pg[u].v[i]), cx, a[i], e[i], relu, f.mask, bits[u], i);
-          o.v[i] = static_cast<T>(a[i] * g + B[i] * cx + D[i]);
-        }
-        *reinterpret_cast<Pack<T, V>*>(dx + (r - u * rstride) * C + cv * V) = o;
+        *reinterpret_cast<Pack<T, V>*>(dx + (r - u * rstride) * C + cv * V) =
+            bwd_dx_pack<M, T, V>(px[u], pg[u], bits[u], mean, a, B, D, e, relu, need_x, f.mask);
       }
     }
   }

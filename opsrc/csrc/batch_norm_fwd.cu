@@ -132,6 +132,36 @@ __device__ __forceinline__ void welford_row(const Pack<T, V>& p, const A (&K)[V]
 // Tree merge of the threads' Welford states over threadIdx.y through sm (TY * TX * V * 3
 // accumulators); row 0 then writes the block's partials ws [C, splits, 3] for the V channels of
 // pack cv (when active).
+// Phase 1 of the register-persistent channels-last kernels (bn_persist_nhwc, bn_tile_nhwc): the
+// thread loads its packs of rows r0, r0 + rstride, .. (< R; at most MAXR) into p, all loads
+// issued before any arithmetic, and accumulates them with welford_row, shifted by K = row 0's
+// values of its channels; an inactive thread leaves p alone and returns empty statistics.
+template <typename A, typename T, int V, int MAXR>
+__device__ __forceinline__ void load_rows_welford(const T* xc, int64_t r0, int64_t rstride,
+                                                  int64_t R, int64_t C, bool active,
+                                                  Pack<T, V> (&p)[MAXR], A (&mean)[V],
+                                                  A (&m2)[V], A& n) {
+  A K[V];
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    K[i] = 0;
+    mean[i] = 0;
+    m2[i] = 0;
+  }
+  n = 0;
+  if (!active) return;
+  const Pack<T, V> k = *reinterpret_cast<const Pack<T, V>*>(xc);
+#pragma unroll
+  for (int u = 0; u < MAXR; ++u)
+    if (r0 + u * rstride < R)
+      p[u] = *reinterpret_cast<const Pack<T, V>*>(xc + (r0 + u * rstride) * C);
+#pragma unroll
+  for (int i = 0; i < V; ++i) K[i] = static_cast<A>(k.v[i]);
+#pragma unroll
+  for (int u = 0; u < MAXR; ++u)
+    if (r0 + u * rstride < R) welford_row<A, T, V>(p[u], K, mean, m2, n);
+}
+
 template <typename A, int V>
 __device__ __forceinline__ void merge_rows_to_partials(A* sm, const A (&mean)[V],
                                                        const A (&m2)[V], A n, bool active,
@@ -570,26 +600,9 @@ __global__ void __launch_bounds__(kThreads, PersistMinBlocks<T, MAXR>::value)
 
   // ---- phase 1: load every pack of the thread, Welford partials of the block ----
   {
-    A K[V], mean[V], m2[V];
+    A mean[V], m2[V];
     A n = 0;
-#pragma unroll
-    for (int i = 0; i < V; ++i) {
-      K[i] = 0;
-      mean[i] = 0;
-      m2[i] = 0;
-    }
-    if (active) {
-      const Pack<T, V> k = *reinterpret_cast<const Pack<T, V>*>(xc);
-#pragma unroll
-      for (int u = 0; u < MAXR; ++u)
-        if (r0 + u * rstride < R)
-          p[u] = *reinterpret_cast<const Pack<T, V>*>(xc + (r0 + u * rstride) * C);
-#pragma unroll
-      for (int i = 0; i < V; ++i) K[i] = static_cast<A>(k.v[i]);
-#pragma unroll
-      for (int u = 0; u < MAXR; ++u)
-        if (r0 + u * rstride < R) welford_row<A, T, V>(p[u], K, mean, m2, n);
-    }
+    load_rows_welford<A, T, V, MAXR>(xc, r0, rstride, R, C, active, p, mean, m2, n);
     merge_rows_to_partials<A, V>(sm, mean, m2, n, active, ws, cv, splits);
   }
   grid.sync();
@@ -738,26 +751,9 @@ __global__ void __launch_bounds__(THREADS, TileMinBlocks<T, THREADS>::value)
 
   // ---- phase 1: load every pack of the thread, the block's partial per channel ----
   {
-    A K[V], mean[V], m2[V];
+    A mean[V], m2[V];
     A n = 0;
-#pragma unroll
-    for (int i = 0; i < V; ++i) {
-      K[i] = 0;
-      mean[i] = 0;
-      m2[i] = 0;
-    }
-    if (active) {
-      const Pack<T, V> k = *reinterpret_cast<const Pack<T, V>*>(xc);
-#pragma unroll
-      for (int u = 0; u < MAXR; ++u)
-        if (r0 + u * rstride < R)
-          p[u] = *reinterpret_cast<const Pack<T, V>*>(xc + (r0 + u * rstride) * C);
-#pragma unroll
-      for (int i = 0; i < V; ++i) K[i] = static_cast<A>(k.v[i]);
-#pragma unroll
-      for (int u = 0; u < MAXR; ++u)
-        if (r0 + u * rstride < R) welford_row<A, T, V>(p[u], K, mean, m2, n);
-    }
+    load_rows_welford<A, T, V, MAXR>(xc, r0, rstride, R, C, active, p, mean, m2, n);
     // the rows of the warp (lanes tx, tx + TX, ...) into lane tx
 #pragma unroll
     for (int o = 16; o >= TX; o >>= 1) shfl_merge_pack<A, V>(mean, m2, n, o);
@@ -1369,6 +1365,42 @@ bool launch_fused_nchw(const Layout& l, const T* x, T* y, FwdArgs<typename Acc<T
                             dim3(kThreads), args, 0, stream);
 }
 
+// The kernels' arguments of one forward. rm / rv: the running statistics eval reads (undefined:
+// none); urm / urv: the running statistics the training launch updates (undefined: none);
+// reserve: the reserve output (nullptr: the launcher points it into its workspace); k_stride:
+// elements between a channel's first value and the next channel's (the shift K of the Welford
+// sums).
+template <typename A>
+FwdArgs<A> fwd_args(double eps, bool training, const at::Tensor& rm, const at::Tensor& rv,
+                    const at::Tensor& w, const at::Tensor& b, const at::Tensor& save_mean,
+                    const at::Tensor& save_invstd, A* reserve, int64_t k_stride,
+                    const at::Tensor& urm, const at::Tensor& urv, double momentum) {
+  FwdArgs<A> f;
+  f.ws = nullptr;
+  f.splits = 0;
+  f.eps = static_cast<A>(eps);
+  f.training = training;
+  f.rmean = param_ptr(rm);
+  f.rvar = param_ptr(rv);
+  f.rkind = param_kind(rm);
+  f.rvkind = param_kind(rv);
+  f.weight = param_ptr(w);
+  f.wkind = param_kind(w);
+  f.bias = param_ptr(b);
+  f.bkind = param_kind(b);
+  f.save_mean = save_mean.data_ptr<A>();
+  f.save_invstd = save_invstd.data_ptr<A>();
+  f.reserve = reserve;
+  f.k_stride = k_stride;
+  const bool update = urm.defined() && urv.defined();
+  f.upd_mean = update ? urm.data_ptr() : nullptr;
+  f.upd_var = update ? urv.data_ptr() : nullptr;
+  f.umkind = update ? param_kind(urm) : kAbsent;
+  f.uvkind = update ? param_kind(urv) : kAbsent;
+  f.momentum = static_cast<A>(momentum);
+  return f;
+}
+
 // Launches: NCHW training: stats -> apply (which finishes its channel itself), or bn_fused_nchw
 // alone for small tensors; NCHW eval: apply; NHWC training: stats -> finalize -> apply, or one
 // cooperative kernel for small tensors (bn_tile_nhwc, bn_persist_nhwc or bn_fused_nhwc, see
@@ -1387,29 +1419,10 @@ void launch_forward(const Layout& l, const at::Tensor& out, bool training, doubl
   T* y = out.data_ptr<T>();
   const auto acc_opts = save_mean.options();
   const int64_t R = l.N * l.HW;
-  FwdArgs<A> f;
-  f.ws = nullptr;
-  f.splits = 0;
-  f.eps = static_cast<A>(eps);
-  f.training = training;
-  f.rmean = param_ptr(rm);
-  f.rvar = param_ptr(rv);
-  f.rkind = param_kind(rm);
-  f.rvkind = param_kind(rv);
-  f.weight = param_ptr(w);
-  f.wkind = param_kind(w);
-  f.bias = param_ptr(b);
-  f.bkind = param_kind(b);
-  f.save_mean = save_mean.data_ptr<A>();
-  f.save_invstd = save_invstd.data_ptr<A>();
-  f.reserve = reserve.data_ptr<A>();
-  f.k_stride = l.nhwc ? 1 : l.HW;
   const bool update = training && urm.defined() && urv.defined();
-  f.upd_mean = update ? urm.data_ptr() : nullptr;
-  f.upd_var = update ? urv.data_ptr() : nullptr;
-  f.umkind = update ? param_kind(urm) : kAbsent;
-  f.uvkind = update ? param_kind(urv) : kAbsent;
-  f.momentum = static_cast<A>(momentum);
+  FwdArgs<A> f = fwd_args<A>(eps, training, rm, rv, w, b, save_mean, save_invstd,
+                             reserve.data_ptr<A>(), l.nhwc ? 1 : l.HW, update ? urm : at::Tensor(),
+                             update ? urv : at::Tensor(), momentum);
   if (training && l.nhwc && launch_fused_nhwc<T, V>(l, x, y, f, acc_opts, relu, device, stream)) {
     return;
   }
@@ -1613,28 +1626,11 @@ bool batch_norm_relu_mask_nhwc_train(const at::Tensor& x, const at::Tensor& out,
   const bool update = running_mean.defined() && running_var.defined();
   const int device = x.get_device();
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
-  FwdArgs<float> f;
-  f.ws = nullptr;
-  f.splits = 0;
-  f.eps = static_cast<float>(eps);
-  f.training = true;
-  f.rmean = nullptr;
-  f.rvar = nullptr;
-  f.rkind = kAbsent;
-  f.rvkind = kAbsent;
-  f.weight = param_ptr(weight);
-  f.wkind = param_kind(weight);
-  f.bias = param_ptr(bias);
-  f.bkind = param_kind(bias);
-  f.save_mean = save_mean.data_ptr<float>();
-  f.save_invstd = save_invstd.data_ptr<float>();
-  f.reserve = nullptr;  // in the workspace
-  f.k_stride = 1;
-  f.upd_mean = update ? running_mean.data_ptr() : nullptr;
-  f.upd_var = update ? running_var.data_ptr() : nullptr;
-  f.umkind = update ? param_kind(running_mean) : kAbsent;
-  f.uvkind = update ? param_kind(running_var) : kAbsent;
-  f.momentum = static_cast<float>(momentum);
+  // no running statistics to read (training), the reserve in the workspace
+  FwdArgs<float> f = fwd_args<float>(eps, true, at::Tensor(), at::Tensor(), weight, bias,
+                                     save_mean, save_invstd, nullptr, 1,
+                                     update ? running_mean : at::Tensor(),
+                                     update ? running_var : at::Tensor(), momentum);
   int64_t* nbt = num_batches_tracked.defined() ? num_batches_tracked.data_ptr<int64_t>() : nullptr;
   uint8_t* mp = mask.data_ptr<uint8_t>();
   const auto acc_opts = save_mean.options();
