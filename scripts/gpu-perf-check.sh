@@ -15,10 +15,10 @@
 #             CBR_VARIANTS=1 CBR's v1 NHWC kernels (CUDADOCTOR_OPS_CBR_V1=1); the depthwise bench
 #             times its previous kernels itself
 #   profile   scripts/gpu_profile.py $PROFILE_PARTS (default bn cbr dw; kernel-level breakdown)
-#   kvariants scripts/gpu_variants.py $KV_PARTS (default bn cbr dw dwb): kernel choices (switch
+#   kvariants scripts/gpu_variants.py $KV_PARTS (default bn cbr dw dwb; also dww): kernel choices (switch
 #             settings) side by side against torch, one child process per setting
-#   ncu       Nsight Compute sections of scripts/gpu_ncu.py $NCU_PARTS (default dw bn), appended
-#             to profile.txt
+#   ncu       Nsight Compute sections of scripts/gpu_ncu.py $NCU_PARTS (default dw bn; also bnh),
+#             plus $NCU_SECTIONS, appended to profile.txt
 # The sections after `build` use the installed wheel, so on a machine still warm from an earlier
 # call they can run alone. Writes at most 9 files to $OUT: summary.txt build.log tests.log
 # smoke.log bench.txt cbr.txt variants.txt kvariants.txt profile.txt. Environment: OUT, PYTHON, ARCHS, T_*,
@@ -111,8 +111,11 @@ section_ncu() {
   ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
   [ -z "$ncu" ] && { say "ncu: not found"; return 0; }
   { echo "== ncu ${NCU_PARTS:-dw bn}"
+    # NCU_SECTIONS: more --section names (e.g. WarpStateStats)
+    local extra=() sec
+    for sec in ${NCU_SECTIONS:-}; do extra+=(--section "$sec"); done
     lim "${T_NCU:-150}" "$ncu" --profile-from-start off --section SpeedOfLight --section LaunchStats \
-      --section Occupancy --section MemoryWorkloadAnalysis "$PY" "$REPO/scripts/gpu_ncu.py" ${NCU_PARTS:-dw bn}
+      --section Occupancy --section MemoryWorkloadAnalysis "${extra[@]}" "$PY" "$REPO/scripts/gpu_ncu.py" ${NCU_PARTS:-dw bn}
   } >>"$OUT/profile.txt" 2>&1
   say "ncu: exit $?"
 }

@@ -1,6 +1,6 @@
 """Kernels to look at under Nsight Compute, run once each between cudaProfilerStart/Stop.
 
-    ncu --profile-from-start off --section SpeedOfLight ... python scripts/gpu_ncu.py [dw] [bn]
+    ncu --profile-from-start off --section SpeedOfLight ... python scripts/gpu_ncu.py [dw] [bn] [bnh]
 
 Each case runs ours and torch's version twice before the profiled region (so lazy set-up, cuDNN
 heuristics and caches stay out of it), then once inside it.
@@ -32,6 +32,13 @@ def cases(parts):
                               ((64, 2048, 7, 7), torch.float32, False)]:
             x, w, b, rm, rv = bn_tensors(shape, dt, cl)
             tag = f"bn {shape} {dt} {'nhwc' if cl else 'nchw'} train fwd"
+            out.append((tag + " ours", lambda x=x, rm=rm, rv=rv, w=w, b=b: ops.batch_norm(x, rm, rv, w, b, True)))
+            out.append((tag + " torch", lambda x=x, rm=rm, rv=rv, w=w, b=b: F.batch_norm(x, rm, rv, w, b, True)))
+    if "bnh" in parts:
+        # channels_last float16 training forwards below cuDNN's speed: what each side launches
+        for shape in [(64, 64, 56, 56), (64, 128, 28, 28), (64, 1024, 14, 14)]:
+            x, w, b, rm, rv = bn_tensors(shape, torch.float16, True)
+            tag = f"bn {shape} float16 nhwc train fwd"
             out.append((tag + " ours", lambda x=x, rm=rm, rv=rv, w=w, b=b: ops.batch_norm(x, rm, rv, w, b, True)))
             out.append((tag + " torch", lambda x=x, rm=rm, rv=rv, w=w, b=b: F.batch_norm(x, rm, rv, w, b, True)))
     return out

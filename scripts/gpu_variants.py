@@ -8,6 +8,8 @@
          _CBR_BN_BWD)
     dw   depthwise channels_last forward (CUDADOCTOR_OPS_DW_V4*, against impl=nhwc_v3 and v2)
     dwb  depthwise channels_last backward dX + dW (CUDADOCTOR_OPS_DW_WGRAD_V1 / _DGRAD_V1 / _V4)
+    dww  depthwise channels_last weight gradient alone (CUDADOCTOR_OPS_DW_WGRAD_PF), against
+         torch's convolution_backward for the weight alone
 
 Each line: the case, then ms per setting and torch's ms, and the ratio torch / ours per setting.
 Timing as the bench (cudadoctor_ops.bench.Timer: triton do_bench medians, L2 flush before each
@@ -33,6 +35,9 @@ CBR_SETTINGS = [{}, {"CUDADOCTOR_OPS_CBR_TILE": "0"},
 DW_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_V4_CFG": "3"}]
 DWB_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_WGRAD_V1": "1", "CUDADOCTOR_OPS_DW_DGRAD_V1": "1",
                      "CUDADOCTOR_OPS_DW_V4": "0"}]
+
+DWW_SETTINGS = [{"CUDADOCTOR_OPS_DW_WGRAD_PF": "0"}, {"CUDADOCTOR_OPS_DW_WGRAD_PF": "1"},
+                {"CUDADOCTOR_OPS_DW_WGRAD_PF": "2"}]
 
 
 def _child(part: str) -> None:
@@ -86,7 +91,7 @@ def _child(part: str) -> None:
 
             out.append([f"cbr fwd+bwd {shape}->{k} {dts} nhwc", timer(fb(fused)), timer(fb(ref)),
                         e < 2e-2])
-    elif part in ("dw", "dwb"):
+    elif part in ("dw", "dwb", "dww"):
         for _, n, c, h, w_, k, s in MOBILE_LAYERS:
             for dt in (torch.float16, torch.bfloat16):
                 x = torch.randn(n, c, h, w_, device="cuda", dtype=dt).to(memory_format=torch.channels_last)
@@ -94,7 +99,8 @@ def _child(part: str) -> None:
                 p = k // 2
                 st, pd, dl = [s, s], [p, p], [1, 1]
                 ref = F.conv2d(x, wt, None, s, p, 1, c)
-                name = f"dw {'fwd' if part == 'dw' else 'bwd'} k{k}s{s} {(n, c, h, w_)} {str(dt)[6:]}"
+                what = {"dw": "fwd", "dwb": "bwd", "dww": "wgrad"}[part]
+                name = f"dw {what} k{k}s{s} {(n, c, h, w_)} {str(dt)[6:]}"
                 if part == "dw":
                     row = [name]
                     for impl in (0, 3, 4):
@@ -102,6 +108,18 @@ def _child(part: str) -> None:
                         row += [timer(f), err(f(), ref) < 2e-2]
                     row.append(timer(lambda: F.conv2d(x, wt, None, s, p, 1, c)))
                     out.append(row)
+                elif part == "dww":
+                    g = torch.randn_like(ref)
+
+                    def ours_w():
+                        return ops.depthwise_conv2d_backward_weight(g, x, wt, st, pd, dl, False, 0)[0]
+
+                    def theirs_w():
+                        return torch.ops.aten.convolution_backward(
+                            g, x, wt, None, st, pd, dl, False, [0, 0], c, [False, True, False])[1]
+
+                    ok = err(ours_w(), theirs_w()) < 2e-2
+                    out.append([name, timer(ours_w), timer(theirs_w), ok])
                 else:
                     g = torch.randn_like(ref)
 
@@ -146,7 +164,7 @@ def main(argv: list[str]) -> int:
     parts = argv or ["bn", "cbr", "dw", "dwb"]
     for part in parts:
         settings = {"bn": BN_SETTINGS, "cbr": CBR_SETTINGS, "dw": DW_SETTINGS,
-                    "dwb": DWB_SETTINGS}[part]
+                    "dwb": DWB_SETTINGS, "dww": DWW_SETTINGS}[part]
         results = [(_label(env), _run(part, env)) for env in settings]
         results = [(lab, r) for lab, r in results if r]
         if not results:

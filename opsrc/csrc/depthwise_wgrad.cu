@@ -427,6 +427,73 @@ __device__ __forceinline__ void load_col(const T* xr, int C, int W, bool rowok, 
   ldg_vec_or_zero<T, V>(xr + static_cast<int64_t>(ok ? ix : 0) * C, ok, dst);
 }
 
+template <typename T, int V>
+using RawT = typename RawVec<sizeof(T) * V>::type;
+
+// The raw vector at column ix of the thread's input row (zeros outside the image).
+template <typename T, int V>
+__device__ __forceinline__ RawT<T, V> raw_col(const T* xr, int C, int W, bool rowok, int ix) {
+  RawT<T, V> r{};
+  if (rowok && static_cast<unsigned>(ix) < static_cast<unsigned>(W))
+    r = __ldg(reinterpret_cast<const RawT<T, V>*>(xr + static_cast<int64_t>(ix) * C));
+  return r;
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void raw_to_float(const RawT<T, V>& r, float (&out)[V]) {
+  T tmp[V];
+  memcpy(tmp, &r, sizeof(r));
+#pragma unroll
+  for (int i = 0; i < V; ++i) out[i] = to_float(tmp[i]);
+}
+
+// The loads of one group of output columns ox0 .. ox0+n-1, n <= K (n < K only for the last group
+// of a segment): for each step u < n the S input vectors not yet in the window (relative columns
+// u*S+K-S .. u*S+K-1) and the dY vector, raw, all issued before any is used; steps u >= n load
+// nothing (zeros).
+template <typename T, int K, int S, int V>
+struct GroupLoads {
+  RawT<T, V> in[K * S];
+  RawT<T, V> g[K];
+
+  __device__ __forceinline__ void issue(const T* xr, const T* gr, int C, int W, int ox0, int n,
+                                        int PW, bool rowok) {
+    const int base = ox0 * S - PW;
+#pragma unroll
+    for (int t = 0; t < K * S; ++t)
+      in[t] = raw_col<T, V>(xr, C, W, rowok && t / S < n, base + K - S + t);
+#pragma unroll
+    for (int u = 0; u < K; ++u) {
+      g[u] = RawT<T, V>{};
+      if (u < n)
+        g[u] = __ldg(reinterpret_cast<const RawT<T, V>*>(gr + static_cast<int64_t>(ox0 + u) * C));
+    }
+  }
+};
+
+// Steps u < n of a group from its loads (see row_step for the ring).
+template <typename T, int K, int S, int V>
+__device__ __forceinline__ void group_steps(const GroupLoads<T, K, S, V>& ld, int n, bool bias,
+                                            float (&win)[K][V], float (&acc)[K][V],
+                                            float (&bacc)[V]) {
+#pragma unroll
+  for (int u = 0; u < K; ++u) {
+    if (u >= n) break;
+#pragma unroll
+    for (int s = 0; s < S; ++s) raw_to_float<T, V>(ld.in[u * S + s], win[(u * S + K - S + s) % K]);
+    float g[V];
+    raw_to_float<T, V>(ld.g[u], g);
+#pragma unroll
+    for (int kw = 0; kw < K; ++kw)
+#pragma unroll
+      for (int e = 0; e < V; ++e) acc[kw][e] = fmaf(g[e], win[(u * S + kw) % K][e], acc[kw][e]);
+    if (bias) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) bacc[e] += g[e];
+    }
+  }
+}
+
 // Output column ox0 + u of a group of K columns starting at ox0, whose window
 // starts at input column base = ox0*S - PW (relative column 0). Relative
 // column j lives in ring slot j % K; step u reads relative columns
@@ -452,7 +519,11 @@ __device__ __forceinline__ void row_step(int u, const T* xr, const T* gr, int C,
   }
 }
 
-template <typename T, int K, int S, int V>
+// PF: how the loads of the column loop are issued. 0: per step (one input and one dY vector,
+// then their FMAs); 1: per group of K steps, all K*S + K vectors first (GroupLoads), the
+// segment's last, shorter group included; 2: as 1, and the next group's loads issued before this
+// group's FMAs (one segment's groups form one pipeline).
+template <typename T, int K, int S, int V, int PF>
 __global__ void __launch_bounds__(kBlock)
     wgrad_nhwc_v2(const T* __restrict__ go, const T* __restrict__ in, float* __restrict__ ws,
                   int C, int H, int W, int Ho, int Wo, int PH, int PW, int L, int segsW,
@@ -501,11 +572,36 @@ __global__ void __launch_bounds__(kBlock)
 #pragma unroll
       for (int j = 0; j < K - S; ++j) load_col<T, V>(xr, C, W, rowok, base0 + j, win[j]);
       int ox0 = x0;
-      for (; ox0 + K <= x1; ox0 += K) {
-        const int base = ox0 * S - PW;
+      if constexpr (PF == 0) {
+        for (; ox0 + K <= x1; ox0 += K) {
+          const int base = ox0 * S - PW;
 #pragma unroll
-        for (int s = 0; s < K; ++s)
-          row_step<T, K, S, V>(s, xr, gr, C, W, base, ox0, rowok, bias, win, acc, bacc);
+          for (int s = 0; s < K; ++s)
+            row_step<T, K, S, V>(s, xr, gr, C, W, base, ox0, rowok, bias, win, acc, bacc);
+        }
+      } else if constexpr (PF == 1) {
+        for (; ox0 < x1; ox0 += K) {
+          const int n = min(K, x1 - ox0);
+          GroupLoads<T, K, S, V> ld;
+          ld.issue(xr, gr, C, W, ox0, n, PW, rowok);
+          group_steps<T, K, S, V>(ld, n, bias, win, acc, bacc);
+        }
+        continue;  // the segment is done (no tail below)
+      } else {
+        GroupLoads<T, K, S, V> cur;
+        int n = min(K, x1 - ox0);  // x1 > x0: every segment has a column
+        cur.issue(xr, gr, C, W, ox0, n, PW, rowok);
+        for (;;) {
+          const int nn = min(K, x1 - ox0 - K);  // the next group's columns (<= 0: none)
+          GroupLoads<T, K, S, V> nxt;
+          if (nn > 0) nxt.issue(xr, gr, C, W, ox0 + K, nn, PW, rowok);
+          group_steps<T, K, S, V>(cur, n, bias, win, acc, bacc);
+          if (nn <= 0) break;
+          ox0 += K;
+          n = nn;
+          cur = nxt;
+        }
+        continue;
       }
       const int base = ox0 * S - PW;
 #pragma unroll
@@ -623,20 +719,51 @@ bool make_plan(const FastShape& s, int V, const void* kernel, Plan& p) {
   return p.gx >= 1;
 }
 
+// CUDADOCTOR_OPS_DW_WGRAD_PF=0|1|2 (read once): the loads of wgrad_nhwc_v2's column loop (see
+// its PF); unset: default_pf.
+int pf_setting() {
+  static const int v = [] {
+    const char* e = std::getenv("CUDADOCTOR_OPS_DW_WGRAD_PF");
+    if (e == nullptr || e[0] < '0' || e[0] > '2' || e[1] != '\0') return -1;
+    return e[0] - '0';
+  }();
+  return v;
+}
+
+// The default: the next group's loads in flight (2) for 5x5, 7x7 and stride 2, where a group's
+// FMAs are many (K*V per step) or its loads are (K*S + K); 3x3 stride 1 per group (1). On the
+// H200 (one run, weight gradient alone, batch 64, channels_last, before the last group of a
+// segment joined the pipeline): 5x5 stride 1 float16 (64,240,28,28) 150 us per step, 133 per
+// group, 84 with the next group in flight; (64,1152,7,7) 77 / 72 / 43; 3x3 stride 2
+// (64,144,56,56) 64 / 59 / 49; 3x3 stride 1 (64,192,28,28) 45 / 39 / 40. float32 7x7 stays at 1:
+// two groups of its 16-byte vectors need 200-250 registers.
+int default_pf(DType dt, int K, int S) {
+  if (dt == DType::F32 && K == 7) return 1;
+  return (K >= 5 || S == 2) ? 2 : 1;
+}
+
+int pf_for(DType dt, int K, int S) {
+  const int v = pf_setting();
+  return v >= 0 ? v : default_pf(dt, K, S);
+}
+
 template <typename T, int K, int S>
-const void* kernel_ptr() {
+const void* kernel_ptr(int pf) {
   constexpr int V = (sizeof(T) == 2 && K == 3) ? 8 : 4;
-  return reinterpret_cast<const void*>(&wgrad_nhwc_v2<T, K, S, V>);
+  if (pf == 0) return reinterpret_cast<const void*>(&wgrad_nhwc_v2<T, K, S, V, 0>);
+  if (pf == 1) return reinterpret_cast<const void*>(&wgrad_nhwc_v2<T, K, S, V, 1>);
+  return reinterpret_cast<const void*>(&wgrad_nhwc_v2<T, K, S, V, 2>);
 }
 
 const void* kernel_for(DType dt, int K, int S) {
-#define CDO_DW_V2K(T)                                  \
-  if (K == 3 && S == 1) return kernel_ptr<T, 3, 1>();  \
-  if (K == 3 && S == 2) return kernel_ptr<T, 3, 2>();  \
-  if (K == 5 && S == 1) return kernel_ptr<T, 5, 1>();  \
-  if (K == 5 && S == 2) return kernel_ptr<T, 5, 2>();  \
-  if (K == 7 && S == 1) return kernel_ptr<T, 7, 1>();  \
-  if (K == 7 && S == 2) return kernel_ptr<T, 7, 2>();  \
+  const int pf = pf_for(dt, K, S);
+#define CDO_DW_V2K(T)                                    \
+  if (K == 3 && S == 1) return kernel_ptr<T, 3, 1>(pf);  \
+  if (K == 3 && S == 2) return kernel_ptr<T, 3, 2>(pf);  \
+  if (K == 5 && S == 1) return kernel_ptr<T, 5, 1>(pf);  \
+  if (K == 5 && S == 2) return kernel_ptr<T, 5, 2>(pf);  \
+  if (K == 7 && S == 1) return kernel_ptr<T, 7, 1>(pf);  \
+  if (K == 7 && S == 2) return kernel_ptr<T, 7, 2>(pf);  \
   return nullptr;
   switch (dt) {
     case DType::F32: {
@@ -670,13 +797,26 @@ int64_t workspace(const FastShape& s, const Plan& p) {
 }
 
 template <typename T, int K, int S>
-void run(const void* go, const void* in, void* gw, void* gb, float* ws, const FastShape& s,
-         const Plan& p, cudaStream_t stream) {
+void run(DType dt, const void* go, const void* in, void* gw, void* gb, float* ws,
+         const FastShape& s, const Plan& p, cudaStream_t stream) {
   constexpr int V = (sizeof(T) == 2 && K == 3) ? 8 : 4;
-  wgrad_nhwc_v2<T, K, S, V><<<dim3(static_cast<unsigned>(p.gx), p.gy), dim3(p.TX, K, p.SY),
-                              p.smem, stream>>>(
-      static_cast<const T*>(go), static_cast<const T*>(in), ws, s.C, s.H, s.W, s.Ho, s.Wo, s.PH,
-      s.PW, p.L, p.segsW, p.tilesY, p.units);
+  const dim3 grid(static_cast<unsigned>(p.gx), p.gy), block(p.TX, K, p.SY);
+  const T* g = static_cast<const T*>(go);
+  const T* x = static_cast<const T*>(in);
+  switch (pf_for(dt, K, S)) {
+    case 0:
+      wgrad_nhwc_v2<T, K, S, V, 0><<<grid, block, p.smem, stream>>>(
+          g, x, ws, s.C, s.H, s.W, s.Ho, s.Wo, s.PH, s.PW, p.L, p.segsW, p.tilesY, p.units);
+      break;
+    case 1:
+      wgrad_nhwc_v2<T, K, S, V, 1><<<grid, block, p.smem, stream>>>(
+          g, x, ws, s.C, s.H, s.W, s.Ho, s.Wo, s.PH, s.PW, p.L, p.segsW, p.tilesY, p.units);
+      break;
+    default:
+      wgrad_nhwc_v2<T, K, S, V, 2><<<grid, block, p.smem, stream>>>(
+          g, x, ws, s.C, s.H, s.W, s.Ho, s.Wo, s.PH, s.PW, p.L, p.segsW, p.tilesY, p.units);
+      break;
+  }
   const int KK = K * K;
   const int64_t J = static_cast<int64_t>(KK + 1) * s.C;
   int RY = 1;
@@ -686,11 +826,11 @@ void run(const void* go, const void* in, void* gw, void* gb, float* ws, const Fa
 }
 
 template <typename T>
-bool dispatch(const void* go, const void* in, void* gw, void* gb, float* ws, const FastShape& s,
-              const Plan& p, cudaStream_t stream) {
+bool dispatch(DType dt, const void* go, const void* in, void* gw, void* gb, float* ws,
+              const FastShape& s, const Plan& p, cudaStream_t stream) {
 #define CDO_DW_V2(KK, SS)                                   \
   if (s.K == KK && s.S == SS) {                             \
-    run<T, KK, SS>(go, in, gw, gb, ws, s, p, stream);       \
+    run<T, KK, SS>(dt, go, in, gw, gb, ws, s, p, stream);   \
     return true;                                            \
   }
   CDO_DW_V2(3, 1)
@@ -747,11 +887,11 @@ bool launch_wgrad(DType dt, bool channels_last, const void* go, const void* in,
         !(reinterpret_cast<uintptr_t>(in) & mask)) {
       switch (dt) {
         case DType::F32:
-          return v2::dispatch<float>(go, in, gw, gb, ws, s, p, stream);
+          return v2::dispatch<float>(dt, go, in, gw, gb, ws, s, p, stream);
         case DType::F16:
-          return v2::dispatch<c10::Half>(go, in, gw, gb, ws, s, p, stream);
+          return v2::dispatch<c10::Half>(dt, go, in, gw, gb, ws, s, p, stream);
         case DType::BF16:
-          return v2::dispatch<c10::BFloat16>(go, in, gw, gb, ws, s, p, stream);
+          return v2::dispatch<c10::BFloat16>(dt, go, in, gw, gb, ws, s, p, stream);
       }
     }
   }

@@ -1090,6 +1090,11 @@ BWD2_CASES = [
     (2, 8, 15, 15, 7, 1, 3),
     (1, 24, 9, 7, 7, 1, 0),
     (1, 200, 13, 13, 7, 1, 6),
+    # long rows: several groups of K columns per row (the weight gradient's column loop and its
+    # prefetch of the next group), then a tail
+    (1, 24, 5, 64, 5, 1, 2),
+    (1, 16, 9, 40, 7, 2, 3),
+    (2, 16, 4, 35, 3, 1, 1),
     # C % 8 != 0 (16-bit: first-generation kernels); C = 4 (16-bit 5x5: 4-channel vectors)
     (2, 12, 9, 9, 3, 2, 1),
     (2, 12, 9, 9, 3, 1, 1),
@@ -1282,6 +1287,9 @@ _BWD2_SWITCHES = [
     {"CUDADOCTOR_OPS_DW_DGRAD_V1": "1"},
     {"CUDADOCTOR_OPS_DW_WGRAD_V1": "1", "CUDADOCTOR_OPS_DW_DGRAD_V1": "1"},
     {"CUDADOCTOR_OPS_DW_WGRAD_V1": "0", "CUDADOCTOR_OPS_DW_DGRAD_V1": "0"},
+    {"CUDADOCTOR_OPS_DW_WGRAD_PF": "0"},
+    {"CUDADOCTOR_OPS_DW_WGRAD_PF": "1"},
+    {"CUDADOCTOR_OPS_DW_WGRAD_PF": "2"},
 ]
 
 
@@ -1298,7 +1306,7 @@ def test_bwd2_kernel_switches_in_subprocess(switches):
 
     env = {k: v for k, v in os.environ.items()
            if k not in ("CUDADOCTOR_OPS_DW_WGRAD_V1", "CUDADOCTOR_OPS_DW_DGRAD_V1",
-                        "CUDADOCTOR_OPS_DEPTHWISE_IMPL")}
+                        "CUDADOCTOR_OPS_DW_WGRAD_PF", "CUDADOCTOR_OPS_DEPTHWISE_IMPL")}
     env.update(switches)
     pkg_parent = str(pathlib.Path(cudadoctor_ops.__file__).resolve().parents[1])
     env["PYTHONPATH"] = pkg_parent + os.pathsep + env.get("PYTHONPATH", "")
@@ -1326,3 +1334,7 @@ def test_bwd2_kernel_switches_in_subprocess(switches):
     assert any("wgrad_nhwc<" in n for n in ours) == wgrad_v1, ours
     assert any("bwd_input_nhwc_s2<" in n for n in ours) == (not dgrad_v1), ours
     assert any("bwd_input_nhwc<" in n for n in ours) == dgrad_v1, ours
+    pf = switches.get("CUDADOCTOR_OPS_DW_WGRAD_PF")
+    if pf is not None:
+        # wgrad_nhwc_v2<T, K, S, V, PF>: the float16 3x3 stride-2 case runs V = 8
+        assert any(f"wgrad_nhwc_v2<c10::Half, 3, 2, 8, {pf}>" in n for n in ours), ours
