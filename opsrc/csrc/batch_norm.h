@@ -45,6 +45,20 @@ bool batch_norm_relu_mask_nhwc_train(const at::Tensor& x, const at::Tensor& out,
                                      const at::Tensor& running_var,
                                      const at::Tensor& num_batches_tracked, double momentum);
 
+// The same for a contiguous (NCHW) float32 / float16 / bfloat16 CUDA tensor x with H*W % 8 == 0
+// (out contiguous; x and out 16-byte aligned): bn_fused_nchw in one launch up to 32 MB (every
+// block resident), else the statistics and apply kernels; the running statistics and
+// num_batches_tracked in the same launch as the saved statistics. Returns false, having launched
+// and written nothing, when it does not apply (as above, and for momentum < 0 with
+// num_batches_tracked: the cumulative average is left to the caller's kernels).
+bool batch_norm_relu_mask_nchw_train(const at::Tensor& x, const at::Tensor& out,
+                                     const at::Tensor& mask, const at::Tensor& weight,
+                                     const at::Tensor& bias, double eps,
+                                     const at::Tensor& save_mean, const at::Tensor& save_invstd,
+                                     const at::Tensor& running_mean,
+                                     const at::Tensor& running_var,
+                                     const at::Tensor& num_batches_tracked, double momentum);
+
 // The BatchNorm part of Conv+BN+ReLU's training backward (csrc/batch_norm_bwd.cu) on BatchNorm's
 // backward kernels, the ReLU gradient taken from the bit mask (bit i of byte k = element 8k + i,
 // in memory order, of the forward output was > 0): x is conv_out (contiguous or channels_last as

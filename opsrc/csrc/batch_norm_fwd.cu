@@ -277,6 +277,9 @@ struct FwdArgs {
   int umkind;
   int uvkind;
   A momentum;
+  // training only, momentum >= 0: num_batches_tracked (int64 [1]), incremented where channel 0's
+  // saved statistics are stored; null for none (and in every kernel that takes it separately)
+  int64_t* nbt;
 };
 
 // Lane 0 of the calling warp gets the merged (mean of x - K, M2, count) of channel c.
@@ -326,6 +329,7 @@ __device__ __forceinline__ void finish_channel(const T* x, int64_t c, const FwdA
       store_param<A>(f.upd_mean, f.umkind, c, (A(1) - m) * om + m * full);
       store_param<A>(f.upd_var, f.uvkind, c, (A(1) - m) * ov + m * unbiased);
     }
+    if (f.nbt != nullptr && c == 0) *f.nbt += 1;
   }
 }
 
@@ -351,14 +355,41 @@ __device__ __forceinline__ A act(A y, bool relu) {
   return (relu && y < A(0)) ? A(0) : y;  // NaN passes through like torch.relu
 }
 
+// The ReLU mask of an NCHW pack at element offset e (M of apply_nchw_item): bit i of byte k = 1
+// when element 8k + i of y (memory order) is > 0. V = 8: the pack is byte e / 8. V = 4: the packs
+// of elements 8k .. 8k+3 and 8k+4 .. 8k+7 are held by lanes 2m and 2m+1 of a warp (the caller
+// guarantees it, see apply_nchw_item); the lane of the first writes the byte. Called by both lanes
+// of the pair.
+template <typename T, int V>
+__device__ __forceinline__ void mask_pack_nchw(const Pack<T, V>& o, int64_t e,
+                                               uint8_t* __restrict__ mask) {
+  using A = typename Acc<T>::type;
+  static_assert(V == 4 || V == 8, "mask packs are 4 or 8 elements");
+  unsigned bits = 0;
+#pragma unroll
+  for (int i = 0; i < V; ++i) bits |= (static_cast<A>(o.v[i]) > A(0) ? 1u : 0u) << i;
+  if constexpr (V == 8) {
+    mask[e >> 3] = static_cast<uint8_t>(bits);
+  } else {
+    const unsigned lane = threadIdx.x & 31u;
+    const unsigned other = __shfl_xor_sync(3u << (lane & 30u), bits, 1);
+    if ((e & 7) == 0) mask[e >> 3] = static_cast<uint8_t>(bits | (other << 4));
+  }
+}
+
 // x, y: [N, C, HW]. The block applies slice `split` of `splits` of channel c. Warp 0 finishes
 // the channel first (merging the f.splits training partials, or from the running statistics);
 // split 0 stores the saved statistics. Ends with a block barrier (callers loop over items).
-template <typename T, int V>
+// M: also the ReLU mask (relu must be true; HW % 8 == 0). With V = 4 the slices are cut at even
+// packs, so that the two packs of a mask byte (even pack j and j + 1: HW / 4 is even) are in the
+// same slice and, as pack j = end - 1 - threadIdx.x - k * blockDim.x with end even, on lanes
+// 2m + 1 and 2m of the same warp, in or out of the loop together.
+template <typename T, int V, bool M = false>
 __device__ __forceinline__ void apply_nchw_item(const T* __restrict__ x, T* __restrict__ y,
                                                 const FwdArgs<typename Acc<T>::type>& f,
                                                 int64_t N, int64_t C, int64_t HW, int64_t c,
-                                                int64_t split, int splits, bool relu) {
+                                                int64_t split, int splits, bool relu,
+                                                uint8_t* __restrict__ mask = nullptr) {
   using A = typename Acc<T>::type;
   __shared__ A sh[3];
   if (threadIdx.x < 32) {
@@ -375,7 +406,8 @@ __device__ __forceinline__ void apply_nchw_item(const T* __restrict__ x, T* __re
   __syncthreads();
   const A K = sh[0], a = sh[1], b = sh[2];
   const int64_t packs = N * (HW / V);
-  const int64_t chunk = (packs + splits - 1) / splits;
+  int64_t chunk = (packs + splits - 1) / splits;
+  if (M && V == 4) chunk += chunk & 1;
   const int64_t begin = split * chunk;
   const int64_t end = begin + chunk < packs ? begin + chunk : packs;
   const int64_t stride = blockDim.x;
@@ -400,6 +432,7 @@ __device__ __forceinline__ void apply_nchw_item(const T* __restrict__ x, T* __re
           for (int i = 0; i < V; ++i)
             o.v[i] = static_cast<T>(act((static_cast<A>(p[u].v[i]) - K) * a + b, relu));
           *reinterpret_cast<Pack<T, V>*>(y + off[u]) = o;
+          if constexpr (M) mask_pack_nchw<T, V>(o, off[u], mask);
         }
       }
     }
@@ -408,23 +441,23 @@ __device__ __forceinline__ void apply_nchw_item(const T* __restrict__ x, T* __re
 }
 
 // grid (C, splits of the apply), block kThreads; the last channels first (still in L2).
-template <typename T, int V>
+template <typename T, int V, bool M = false>
 __global__ void __launch_bounds__(kThreads)
     bn_apply_nchw(const T* __restrict__ x, T* __restrict__ y, FwdArgs<typename Acc<T>::type> f,
-                  int64_t N, int64_t C, int64_t HW, bool relu) {
-  apply_nchw_item<T, V>(x, y, f, N, C, HW, int64_t(gridDim.x) - 1 - blockIdx.x, blockIdx.y,
-                        gridDim.y, relu);
+                  int64_t N, int64_t C, int64_t HW, bool relu, uint8_t* __restrict__ mask) {
+  apply_nchw_item<T, V, M>(x, y, f, N, C, HW, int64_t(gridDim.x) - 1 - blockIdx.x, blockIdx.y,
+                           gridDim.y, relu, mask);
 }
 
 // NCHW training forward of a small tensor in ONE cooperative launch (every block resident):
 // the items (channel, slice) are dealt to the blocks round-robin; stats partials of every item
 // -> grid barrier -> each block finishes and applies its items in reverse order (most recently
 // read first, still in L2). Saves the apply launch and its gap.
-template <typename T, int V>
+template <typename T, int V, bool M = false>
 __global__ void __launch_bounds__(kThreads)
     bn_fused_nchw(const T* __restrict__ x, T* __restrict__ y, FwdArgs<typename Acc<T>::type> f,
                   typename Acc<T>::type* __restrict__ ws, int64_t N, int64_t C, int64_t HW,
-                  bool relu) {
+                  bool relu, uint8_t* __restrict__ mask) {
   cg::grid_group grid = cg::this_grid();
   const int splits = f.splits;  // f.ws == ws
   const int64_t items = C * splits;
@@ -435,7 +468,7 @@ __global__ void __launch_bounds__(kThreads)
   if (int64_t(blockIdx.x) >= items) return;
   const int64_t last = blockIdx.x + ((items - 1 - blockIdx.x) / G) * G;
   for (int64_t it = last; it >= 0; it -= G)
-    apply_nchw_item<T, V>(x, y, f, N, C, HW, it / splits, it % splits, splits, relu);
+    apply_nchw_item<T, V, M>(x, y, f, N, C, HW, it / splits, it % splits, splits, relu, mask);
 }
 
 // x, y: [R, C]; block (TX, TY), grid (ceil(C/V/TX), splits). coef [C, 3] from bn_finalize_fwd
@@ -665,7 +698,10 @@ __global__ void __launch_bounds__(kThreads, PersistMinBlocks<T, MAXR>::value)
 // cumulative average, momentum = 1 / (num_batches_tracked + 1), as cbr_update_stats does.
 constexpr int kTileThreads = 256;  // threads per block of bn_tile_nhwc as launched
 constexpr int kTileMaxR = 8;       // packs held per thread
-constexpr int kTileMergeBatch = 4;  // partials a thread loads before merging them (phase 2)
+// Partials a thread loads before merging them in phase 2 (the template argument MB): 4, or for
+// 16-bit types CUDADOCTOR_OPS_BN_NHWC_TILE_MB=8|16 (read once; phase 2 is a chain of
+// splits / (4 * MB) dependent L2 round trips per thread).
+constexpr int kTileMergeBatch = 4;
 
 // Register caps of bn_tile_nhwc: 16-bit types 80 per thread (3 blocks of 256 per SM: MAXR = 8
 // packs are 32 registers, the V = 8 Welford states 24 more), float 64 (4 blocks: 4 channels per
@@ -717,7 +753,7 @@ __device__ __forceinline__ void tile_merge_slots(const A (&red)[3][CT][P1], int 
   }
 }
 
-template <typename T, int CT, int THREADS, int MAXR>
+template <typename T, int CT, int THREADS, int MAXR, int MB = kTileMergeBatch>
 __global__ void __launch_bounds__(THREADS, TileMinBlocks<T, THREADS>::value)
     bn_tile_nhwc(const T* __restrict__ x, T* __restrict__ y, uint8_t* __restrict__ mask,
                  FwdArgs<typename Acc<T>::type> f, typename Acc<T>::type* ws, int64_t* nbt,
@@ -789,10 +825,10 @@ __global__ void __launch_bounds__(THREADS, TileMinBlocks<T, THREADS>::value)
     const int j = tid % CT, g = tid / CT;
     A m = 0, s = 0, cnt = 0;
     // written by this launch: loads through L2 (__ldcg), never the read-only path
-    for (int s0 = g; s0 < splits; s0 += G * kTileMergeBatch) {
-      A pm[kTileMergeBatch], pq[kTileMergeBatch], pn[kTileMergeBatch];
+    for (int s0 = g; s0 < splits; s0 += G * MB) {
+      A pm[MB], pq[MB], pn[MB];
 #pragma unroll
-      for (int u = 0; u < kTileMergeBatch; ++u) {
+      for (int u = 0; u < MB; ++u) {
         const int sp = s0 + u * G;
         pm[u] = 0;
         pq[u] = 0;
@@ -805,7 +841,7 @@ __global__ void __launch_bounds__(THREADS, TileMinBlocks<T, THREADS>::value)
         }
       }
 #pragma unroll
-      for (int u = 0; u < kTileMergeBatch; ++u)
+      for (int u = 0; u < MB; ++u)
         if (s0 + u * G < splits) welford_merge(m, s, cnt, pm[u], pq[u], pn[u]);
     }
     red[0][j][g] = m;
@@ -1235,11 +1271,32 @@ inline TileGrid tile_pick(const TileGrid& a32, const TileGrid& b64, int64_t /*C*
   return b64.splits >= 1 ? b64 : a32;
 }
 
+inline int tile_nhwc_mb() {
+  static const int v = [] {
+    const char* e = std::getenv("CUDADOCTOR_OPS_BN_NHWC_TILE_MB");
+    const int m = e == nullptr ? 0 : std::atoi(e);
+    return (m == 8 || m == 16) ? m : kTileMergeBatch;
+  }();
+  return v;
+}
+
+// The bn_tile_nhwc instantiation that runs: MB from tile_nhwc_mb for 16-bit types, else 4.
+template <typename T, int CT>
+const void* tile_kernel() {
+  if constexpr (sizeof(T) == 2) {
+    if (tile_nhwc_mb() == 8)
+      return reinterpret_cast<const void*>(bn_tile_nhwc<T, CT, kTileThreads, kTileMaxR, 8>);
+    if (tile_nhwc_mb() == 16)
+      return reinterpret_cast<const void*>(bn_tile_nhwc<T, CT, kTileThreads, kTileMaxR, 16>);
+  }
+  return reinterpret_cast<const void*>(bn_tile_nhwc<T, CT, kTileThreads, kTileMaxR>);
+}
+
 template <typename T, int CT>
 TileGrid tile_grid_ct(int64_t R, int64_t C, int device) {
   constexpr int V = 16 / int(sizeof(T));
   constexpr int TY = kTileThreads / (CT / V);
-  const int per_sm = blocks_per_sm(bn_tile_nhwc<T, CT, kTileThreads, kTileMaxR>, 0, kTileThreads);
+  const int per_sm = blocks_per_sm(tile_kernel<T, CT>(), 0, kTileThreads);
   return tile_grid(R, C, CT, TY, sm_count(device), per_sm, kTileMaxR);
 }
 
@@ -1259,8 +1316,7 @@ bool launch_tile_grid(const TileGrid& g, const T* x, T* y, uint8_t* mask,
   int64_t Rr = R, Cc = C;
   void* args[] = {const_cast<T**>(&x), &y, &mask, &f, &wsp, &nbt, &Rr, &Cc, &relu};
   return launch_cooperative(
-      reinterpret_cast<const void*>(bn_tile_nhwc<T, CT, kTileThreads, kTileMaxR>),
-      dim3(static_cast<unsigned>(g.tiles), static_cast<unsigned>(g.splits)),
+      tile_kernel<T, CT>(), dim3(static_cast<unsigned>(g.tiles), static_cast<unsigned>(g.splits)),
       dim3(TX, kTileThreads / TX), args, 0, stream);
 }
 
@@ -1340,17 +1396,17 @@ bool launch_fused_nhwc(const Layout& l, const T* x, T* y, FwdArgs<typename Acc<T
 
 // Tries the one-launch contiguous (NCHW) training forward; false when it does not apply (the
 // caller then runs stats -> apply).
-template <typename T, int V>
+template <typename T, int V, bool M = false>
 bool launch_fused_nchw(const Layout& l, const T* x, T* y, FwdArgs<typename Acc<T>::type>& f,
                        const at::TensorOptions& acc_opts, bool relu, int device,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, uint8_t* mask = nullptr) {
   using A = typename Acc<T>::type;
   const int setting = fused_nchw_setting();
   if (setting == 0) return false;
   const int64_t bytes = l.N * l.C * l.HW * int64_t(sizeof(T));
   if (setting < 0 && bytes > kFusedMaxBytes) return false;
   if (!cooperative_ok(device)) return false;
-  const int per_sm = blocks_per_sm(bn_fused_nchw<T, V>, 0);
+  const int per_sm = blocks_per_sm(bn_fused_nchw<T, V, M>, 0);
   const int64_t resident = int64_t(sm_count(device)) * per_sm;
   const int splits = nchw_splits(l.C, l.N * (l.HW / V), device, per_sm);
   const int64_t items = l.C * splits;
@@ -1360,8 +1416,8 @@ bool launch_fused_nchw(const Layout& l, const T* x, T* y, FwdArgs<typename Acc<T
   f.ws = wsp;
   f.splits = splits;
   int64_t N = l.N, C = l.C, HW = l.HW;
-  void* args[] = {const_cast<T**>(&x), &y, &f, &wsp, &N, &C, &HW, &relu};
-  return launch_cooperative(reinterpret_cast<const void*>(bn_fused_nchw<T, V>), dim3(grid),
+  void* args[] = {const_cast<T**>(&x), &y, &f, &wsp, &N, &C, &HW, &relu, &mask};
+  return launch_cooperative(reinterpret_cast<const void*>(bn_fused_nchw<T, V, M>), dim3(grid),
                             dim3(kThreads), args, 0, stream);
 }
 
@@ -1398,6 +1454,7 @@ FwdArgs<A> fwd_args(double eps, bool training, const at::Tensor& rm, const at::T
   f.umkind = update ? param_kind(urm) : kAbsent;
   f.uvkind = update ? param_kind(urv) : kAbsent;
   f.momentum = static_cast<A>(momentum);
+  f.nbt = nullptr;
   return f;
 }
 
@@ -1464,7 +1521,7 @@ void launch_forward(const Layout& l, const at::Tensor& out, bool training, doubl
   } else {
     Plan p = plan_launch(bn_apply_nchw<T, V>, false, l.N, l.C, l.HW, V, 0, device);
     if (training) p.grid.y = static_cast<unsigned>(stats_splits);  // same slices, reversed
-    bn_apply_nchw<T, V><<<p.grid, p.block, 0, stream>>>(x, y, f, l.N, l.C, l.HW, relu);
+    bn_apply_nchw<T, V><<<p.grid, p.block, 0, stream>>>(x, y, f, l.N, l.C, l.HW, relu, nullptr);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -1599,7 +1656,74 @@ void batch_norm_update_stats_cuda(const at::Tensor& running_mean, const at::Tens
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// Contiguous training forward with ReLU and mask (see batch_norm_relu_mask_nchw_train):
+// bn_fused_nchw<M = true> where it applies, else bn_stats_nchw -> bn_apply_nchw<M = true>.
+template <typename T>
+void launch_train_mask_nchw(const Layout& l, const T* x, T* y, uint8_t* mask,
+                            FwdArgs<typename Acc<T>::type>& f, const at::TensorOptions& acc_opts,
+                            int device, cudaStream_t stream) {
+  using A = typename Acc<T>::type;
+  constexpr int V = 16 / int(sizeof(T));
+  if (launch_fused_nchw<T, V, true>(l, x, y, f, acc_opts, true, device, stream, mask)) return;
+  const Plan p = plan_launch(bn_stats_nchw<T, V>, false, l.N, l.C, l.HW, V, 0, device);
+  at::Tensor ws = at::empty({l.C * p.splits * 3}, acc_opts);
+  f.ws = ws.data_ptr<A>();
+  f.splits = p.splits;
+  bn_stats_nchw<T, V><<<p.grid, p.block, 0, stream>>>(x, ws.data_ptr<A>(), l.N, l.C, l.HW);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  Plan q = plan_launch(bn_apply_nchw<T, V, true>, false, l.N, l.C, l.HW, V, 0, device);
+  q.grid.y = static_cast<unsigned>(p.splits);  // the same slices, reversed
+  bn_apply_nchw<T, V, true><<<q.grid, q.block, 0, stream>>>(x, y, f, l.N, l.C, l.HW, true, mask);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 }  // namespace
+
+bool batch_norm_relu_mask_nchw_train(const at::Tensor& x, const at::Tensor& out,
+                                     const at::Tensor& mask, const at::Tensor& weight,
+                                     const at::Tensor& bias, double eps,
+                                     const at::Tensor& save_mean, const at::Tensor& save_invstd,
+                                     const at::Tensor& running_mean,
+                                     const at::Tensor& running_var,
+                                     const at::Tensor& num_batches_tracked, double momentum) {
+  const auto st = x.scalar_type();
+  if (st != at::kFloat && st != at::kHalf && st != at::kBFloat16) return false;
+  if (!x.is_cuda() || x.dim() < 2 || x.numel() == 0 || !x.is_contiguous()) return false;
+  const Layout l = make_layout(x);
+  if (l.nhwc || !l.x.is_same(x)) return false;
+  if (l.HW % 8 != 0 || l.N * l.HW < 2) return false;
+  if (out.scalar_type() != st || out.sizes() != x.sizes() || !out.is_contiguous()) return false;
+  if (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 != 0)
+    return false;
+  if (mask.scalar_type() != at::kByte || mask.numel() < (x.numel() + 7) / 8) return false;
+  if (save_mean.scalar_type() != at::kFloat || save_invstd.scalar_type() != at::kFloat) return false;
+  // the cumulative average reads num_batches_tracked, which this path increments unordered
+  if (num_batches_tracked.defined() && momentum < 0) return false;
+  const bool update = running_mean.defined() && running_var.defined();
+  const int device = x.get_device();
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  const auto acc_opts = save_mean.options();
+  at::Tensor reserve = at::empty({l.C}, acc_opts);
+  FwdArgs<float> f = fwd_args<float>(eps, true, at::Tensor(), at::Tensor(), weight, bias,
+                                     save_mean, save_invstd, reserve.data_ptr<float>(), l.HW,
+                                     update ? running_mean : at::Tensor(),
+                                     update ? running_var : at::Tensor(), momentum);
+  f.nbt = num_batches_tracked.defined() ? num_batches_tracked.data_ptr<int64_t>() : nullptr;
+  uint8_t* mp = mask.data_ptr<uint8_t>();
+  if (st == at::kFloat) {
+    launch_train_mask_nchw<float>(l, l.x.data_ptr<float>(), out.data_ptr<float>(), mp, f,
+                                  acc_opts, device, stream);
+  } else if (st == at::kHalf) {
+    launch_train_mask_nchw<at::Half>(l, l.x.data_ptr<at::Half>(), out.data_ptr<at::Half>(), mp, f,
+                                     acc_opts, device, stream);
+  } else {
+    launch_train_mask_nchw<at::BFloat16>(l, l.x.data_ptr<at::BFloat16>(),
+                                         out.data_ptr<at::BFloat16>(), mp, f, acc_opts, device,
+                                         stream);
+  }
+  return true;
+}
 
 bool batch_norm_relu_mask_nhwc_train(const at::Tensor& x, const at::Tensor& out,
                                      const at::Tensor& mask, const at::Tensor& weight,

@@ -550,6 +550,149 @@ def test_nhwc_tile_forward_matches_torch(tile):
                 assert e["nbt"] == [step + 1, step + 1], (what, e["nbt"])
 
 
+_CBR_NCHW_CHILD = textwrap.dedent(
+    """
+    import copy, json
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.profiler import ProfilerActivity, profile
+    import cudadoctor_ops  # noqa: F401
+    from cudadoctor_ops.conv_bn_relu import ConvBNReLU2d
+
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+
+    def rel(a, b):
+        a, b = a.double(), b.double()
+        return (a - b).abs().max().item() / max(b.abs().max().item(), 1e-6)
+
+    # (N, C_in, H, W, C_out, kernel, stride, padding), BatchNorm2d keywords, dtypes
+    every = ("float32", "float16", "bfloat16")
+    cases = [
+        ((4, 16, 16, 16, 32, 3, 1, 1), {}, every),
+        ((2, 8, 28, 28, 24, 3, 1, 1), {"momentum": None}, every),  # cumulative average
+        ((3, 8, 12, 12, 16, 3, 1, 1), {"affine": False}, every),
+        ((2, 8, 8, 5, 200, 1, 1, 0), {"momentum": 0.3}, every),  # H*W = 40
+        ((4, 16, 16, 16, 72, 3, 1, 1), {"track_running_stats": False}, every),
+        ((1, 8, 24, 8, 8, 1, 1, 0), {}, every),  # N = 1
+        ((3, 8, 7, 9, 13, 3, 1, 1), {}, every),  # H*W = 63: not a multiple of 8, the CBR kernels
+        ((4, 16, 160, 160, 96, 3, 1, 1), {}, ("float32",)),  # 39 MB: statistics, then apply
+    ]
+    out = {}
+    for (n, ci, h, w, co, k, s, p), kw, dts in cases:
+        for dts_ in dts:
+            dtype = getattr(torch, dts_)
+            torch.manual_seed(0)
+            conv = nn.Conv2d(ci, co, k, s, p, bias=False)
+            bn = nn.BatchNorm2d(co, **kw)
+            with torch.no_grad():
+                conv.weight.mul_(2.0)
+                if bn.affine:
+                    bn.weight.uniform_(0.5, 1.5)
+                    bn.bias.normal_(0.0, 0.5)
+                if bn.track_running_stats:
+                    bn.running_mean.normal_(0.0, 0.1)
+                    bn.running_var.uniform_(0.5, 1.5)
+            conv = conv.to(device="cuda", dtype=dtype)
+            bn = bn.to("cuda")  # float32 parameters and statistics, as under autocast
+            conv_r, bn_r = copy.deepcopy(conv), copy.deepcopy(bn)
+            fused = ConvBNReLU2d.from_modules(conv, bn).train()
+            key = f"{dts_}-{n}x{ci}x{h}x{w}-{co}-{kw}"
+            r = {"kernels": [], "update_kernel": []}
+            for step in range(2):
+                x = torch.randn(n, ci, h, w, device="cuda").to(dtype)
+                xo = x.clone().requires_grad_(True)
+                xr = x.clone().requires_grad_(True)
+                for t in (conv.weight, conv_r.weight) + ((bn.weight, bn.bias, bn_r.weight, bn_r.bias) if bn.affine else ()):
+                    t.grad = None
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    y = fused(xo)
+                    torch.cuda.synchronize()
+                names = " ".join(e.name for e in prof.events())
+                r["kernels"].append([t for t in ("bn_fused_nchw", "bn_apply_nchw", "bn_stats_nchw", "cbr_apply")
+                                     if t in names])
+                r["update_kernel"].append("cbr_update_stats" in names)
+                yr = F.relu(bn_r(conv_r(xr)))
+                gy = torch.randn_like(yr)
+                y.backward(gy)
+                yr.backward(gy)
+                e = {"out": rel(y, yr), "gx": rel(xo.grad, xr.grad), "gw": rel(conv.weight.grad, conv_r.weight.grad)}
+                if bn.affine:
+                    e["gbw"] = rel(bn.weight.grad, bn_r.weight.grad)
+                    e["gbb"] = rel(bn.bias.grad, bn_r.bias.grad)
+                if bn.track_running_stats:
+                    e["rm"] = rel(bn.running_mean, bn_r.running_mean)
+                    e["rv"] = rel(bn.running_var, bn_r.running_var)
+                    e["nbt"] = [int(bn.num_batches_tracked), int(bn_r.num_batches_tracked)]
+                r[f"step{step}"] = e
+            # the mask of the op itself: one bit per element of out, in memory order, > 0
+            x = torch.randn(n, ci, h, w, device="cuda").to(dtype)
+            wb = (bn.weight, bn.bias) if bn.affine else (None, None)
+            o, _, _, _, mask = torch.ops.cudadoctor_ops.conv_bn_relu_train(
+                x, conv.weight, None, wb[0], wb[1], 1e-5, [s, s], [p, p], [1, 1], 1)
+            bits = torch.bitwise_and(mask.to(torch.int32).unsqueeze(1) >> torch.arange(8, device="cuda"), 1)
+            r["mask_ok"] = bool(torch.equal(bits.reshape(-1)[: o.numel()].bool(), o.reshape(-1) > 0))
+            r["mask_bytes"] = [mask.numel(), (o.numel() + 7) // 8]
+            out[key] = r
+    print(json.dumps(out))
+    """
+)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", ["default", "off"])
+def test_nchw_forward_on_batch_norm_kernels_matches_torch(tile):
+    """Two training steps of ConvBNReLU2d on contiguous (NCHW) float32 / float16 / bfloat16 against
+    Conv2d -> BatchNorm2d -> ReLU: output, running statistics, num_batches_tracked and every
+    gradient, and the op's mask bit for bit against out > 0. Default: wherever H*W % 8 == 0 (and
+    not the cumulative average) the forward runs BatchNorm's kernels with the mask, bn_fused_nchw
+    up to 32 MB and bn_stats_nchw -> bn_apply_nchw above, the running statistics in the same
+    launch (no cbr_update_stats); elsewhere, and with CUDADOCTOR_OPS_CBR_TILE=0, the CBR kernels."""
+    env = dict(os.environ)
+    env.pop(CBR_TILE_ENV, None)
+    env.pop(CBR_V1_ENV, None)
+    env.pop("CUDADOCTOR_OPS_BN_FUSED_NCHW", None)
+    if tile == "off":
+        env[CBR_TILE_ENV] = "0"
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(pathlib.Path(cudadoctor_ops.__file__).resolve().parents[1]), env.get("PYTHONPATH", "")]
+    )
+    proc = subprocess.run([sys.executable, "-c", _CBR_NCHW_CHILD], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(res) == 22, sorted(res)
+    for key, r in res.items():
+        dtype = getattr(torch, key.split("-")[0])
+        tol = TOL[dtype]
+        fits = "x7x9-" not in key  # H*W % 8 == 0
+        cumulative = "'momentum': None" in key
+        tracked = "track_running_stats" not in key
+        big = "x160x160-" in key
+        assert r["mask_ok"], f"{key}: mask bits differ from out > 0"
+        assert r["mask_bytes"][0] == r["mask_bytes"][1], (key, r["mask_bytes"])
+        for step, ks in enumerate(r["kernels"]):
+            if tile == "default" and fits and not cumulative:
+                want = ["bn_apply_nchw", "bn_stats_nchw"] if big else ["bn_fused_nchw"]
+                assert ks == want, (key, step, ks)
+                assert not r["update_kernel"][step], f"{key}: the running statistics took a separate kernel"
+            else:
+                assert ks == ["cbr_apply"], (key, step, ks)
+                assert r["update_kernel"][step] == tracked, (key, step, r["update_kernel"])
+        for step in range(2):
+            e = r[f"step{step}"]
+            what = f"{key} step {step}"
+            assert e["out"] <= tol, (what, "out", e["out"])
+            for g in ("gx", "gw", "gbw", "gbb"):
+                if g in e:
+                    assert e[g] <= 4 * tol, (what, g, e[g])
+            if tracked:
+                assert e["rm"] <= 1e-3 and e["rv"] <= 1e-3, (what, e["rm"], e["rv"])
+                assert e["nbt"] == [step + 1, step + 1], (what, e["nbt"])
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
