@@ -698,10 +698,13 @@ __global__ void __launch_bounds__(kThreads, PersistMinBlocks<T, MAXR>::value)
 // cumulative average, momentum = 1 / (num_batches_tracked + 1), as cbr_update_stats does.
 constexpr int kTileThreads = 256;  // threads per block of bn_tile_nhwc as launched
 constexpr int kTileMaxR = 8;       // packs held per thread
-// Partials a thread loads before merging them in phase 2 (the template argument MB): 4, or for
-// 16-bit types CUDADOCTOR_OPS_BN_NHWC_TILE_MB=8|16 (read once; phase 2 is a chain of
-// splits / (4 * MB) dependent L2 round trips per thread).
+// Partials a thread loads before merging them in phase 2 (the template argument MB): 4 for
+// float32 (its registers are full), 8 for 16-bit types unless CUDADOCTOR_OPS_BN_NHWC_TILE_MB=4|16
+// (read once). Phase 2 is a chain of about splits / (THREADS / CT * MB) dependent L2 round trips
+// per thread. On the H200 (one run, float16, MB 4 / 8 / 16): (64,512,7,7) 13.0 / 11.8 / 14.8 us,
+// (64,128,28,28) 24.9 / 23.2 / 28.5 us, (64,256,14,14) 15.5 / 15.1 / 18.4 us; 16 spills.
 constexpr int kTileMergeBatch = 4;
+constexpr int kTileMergeBatch16 = 8;
 
 // Register caps of bn_tile_nhwc: 16-bit types 80 per thread (3 blocks of 256 per SM: MAXR = 8
 // packs are 32 registers, the V = 8 Welford states 24 more), float 64 (4 blocks: 4 channels per
@@ -1275,7 +1278,7 @@ inline int tile_nhwc_mb() {
   static const int v = [] {
     const char* e = std::getenv("CUDADOCTOR_OPS_BN_NHWC_TILE_MB");
     const int m = e == nullptr ? 0 : std::atoi(e);
-    return (m == 8 || m == 16) ? m : kTileMergeBatch;
+    return (m == 4 || m == 8 || m == 16) ? m : kTileMergeBatch16;
   }();
   return v;
 }
@@ -1289,7 +1292,7 @@ const void* tile_kernel() {
     if (tile_nhwc_mb() == 16)
       return reinterpret_cast<const void*>(bn_tile_nhwc<T, CT, kTileThreads, kTileMaxR, 16>);
   }
-  return reinterpret_cast<const void*>(bn_tile_nhwc<T, CT, kTileThreads, kTileMaxR>);
+  return reinterpret_cast<const void*>(bn_tile_nhwc<T, CT, kTileThreads, kTileMaxR, 4>);
 }
 
 template <typename T, int CT>

@@ -730,21 +730,24 @@ int pf_setting() {
   return v;
 }
 
-// The default: the next group's loads in flight (2) for 5x5, 7x7 and stride 2, where a group's
-// FMAs are many (K*V per step) or its loads are (K*S + K); 3x3 stride 1 per group (1). On the
-// H200 (one run, weight gradient alone, batch 64, channels_last, before the last group of a
-// segment joined the pipeline): 5x5 stride 1 float16 (64,240,28,28) 150 us per step, 133 per
-// group, 84 with the next group in flight; (64,1152,7,7) 77 / 72 / 43; 3x3 stride 2
-// (64,144,56,56) 64 / 59 / 49; 3x3 stride 1 (64,192,28,28) 45 / 39 / 40. float32 7x7 stays at 1:
-// two groups of its 16-byte vectors need 200-250 registers.
-int default_pf(DType dt, int K, int S) {
-  if (dt == DType::F32 && K == 7) return 1;
-  return (K >= 5 || S == 2) ? 2 : 1;
+// The default: the next group's loads in flight (2) at stride 1 on short rows (output width <= 14,
+// or <= 28 for 3x3), where a thread's segment is a few groups and the pipeline's start is most
+// of its latency; per group (1) elsewhere (stride 2, wide rows: fewer registers, more warps). On
+// the H200 (one run, weight gradient alone, batch 64, channels_last, float16, us for PF 1 / 2):
+// 5x5 stride 1 (64,1152,7,7) 52.0 / 39.2, (64,480,14,14) 79.8 / 78.6, (64,240,28,28) 81.7 /
+// 86.6; 3x3 stride 1 (64,960,7,7) 23.2 / 22.1, (64,192,28,28) 39.9 / 38.9, (64,144,56,56) 77.1 /
+// 78.6; stride 2 (64,96,112,112) 3x3 72.8 / 101.9, (64,144,56,56) 5x5 65.7 / 74.2. Per step (0)
+// was slower everywhere: 5x5 stride 1 (64,240,28,28) 150 us. float32 7x7 stays at 1: two groups
+// of its 16-byte vectors need 200-250 registers.
+int default_pf(DType dt, const FastShape& s) {
+  if (dt == DType::F32 && s.K == 7) return 1;
+  if (s.S == 1 && (s.Wo <= 14 || (s.K == 3 && s.Wo <= 28))) return 2;
+  return 1;
 }
 
-int pf_for(DType dt, int K, int S) {
+int pf_for(DType dt, const FastShape& s) {
   const int v = pf_setting();
-  return v >= 0 ? v : default_pf(dt, K, S);
+  return v >= 0 ? v : default_pf(dt, s);
 }
 
 template <typename T, int K, int S>
@@ -755,8 +758,9 @@ const void* kernel_ptr(int pf) {
   return reinterpret_cast<const void*>(&wgrad_nhwc_v2<T, K, S, V, 2>);
 }
 
-const void* kernel_for(DType dt, int K, int S) {
-  const int pf = pf_for(dt, K, S);
+const void* kernel_for(DType dt, const FastShape& s) {
+  const int K = s.K, S = s.S;
+  const int pf = pf_for(dt, s);
 #define CDO_DW_V2K(T)                                    \
   if (K == 3 && S == 1) return kernel_ptr<T, 3, 1>(pf);  \
   if (K == 3 && S == 2) return kernel_ptr<T, 3, 2>(pf);  \
@@ -788,7 +792,7 @@ bool plan_for(DType dt, const FastShape& s, Plan& p) {
   if (s.C % V != 0) return false;
   // Finish grid: ceil((K*K+1)*C / 32) blocks.
   if ((static_cast<int64_t>(s.K) * s.K + 1) * s.C / 32 >= (int64_t(1) << 31) - 1) return false;
-  const void* kern = kernel_for(dt, s.K, s.S);
+  const void* kern = kernel_for(dt, s);
   return kern != nullptr && make_plan(s, V, kern, p);
 }
 
@@ -803,7 +807,7 @@ void run(DType dt, const void* go, const void* in, void* gw, void* gb, float* ws
   const dim3 grid(static_cast<unsigned>(p.gx), p.gy), block(p.TX, K, p.SY);
   const T* g = static_cast<const T*>(go);
   const T* x = static_cast<const T*>(in);
-  switch (pf_for(dt, K, S)) {
+  switch (pf_for(dt, s)) {
     case 0:
       wgrad_nhwc_v2<T, K, S, V, 0><<<grid, block, p.smem, stream>>>(
           g, x, ws, s.C, s.H, s.W, s.Ho, s.Wo, s.PH, s.PW, p.L, p.segsW, p.tilesY, p.units);

@@ -619,7 +619,7 @@ _TILE_SWITCHES = [
     {"CUDADOCTOR_OPS_BN_NHWC_TILE_CT": "64"},
     {"CUDADOCTOR_OPS_BN_NHWC_TILE_SPLITS": "3"},
     {"CUDADOCTOR_OPS_BN_NHWC_TILE": "0"},
-    {"CUDADOCTOR_OPS_BN_NHWC_TILE_MB": "8"},
+    {"CUDADOCTOR_OPS_BN_NHWC_TILE_MB": "4"},
     {"CUDADOCTOR_OPS_BN_NHWC_TILE_MB": "16"},
 ]
 
@@ -631,8 +631,8 @@ def test_tile_nhwc_forward_matches_float64(ops, switches):
     grid barrier) against float64 over shapes that fit it: output, running statistics (float32 or
     the input's dtype, or none), saved mean / invstd / reserve, gradients through the backward,
     with and without ReLU and affine parameters; with CUDADOCTOR_OPS_BN_NHWC_TILE_CT=32 / 64 (tile
-    width forced), _SPLITS=3 (splits forced where 3 fit: several rows per thread), _MB=8 / 16
-    (16-bit: partials per load batch of the merge) and _NHWC_TILE=0 (the kernels before it, for
+    width forced), _SPLITS=3 (splits forced where 3 fit: several rows per thread), _MB=4 / 16
+    (16-bit: partials per load batch of the merge; default 8) and _NHWC_TILE=0 (the kernels before it, for
     comparison). The switches are read once per process,
     hence a child; the profiler tells which kernel ran."""
     env = dict(os.environ, **switches)
