@@ -756,7 +756,14 @@ __device__ __forceinline__ void tile_merge_slots(const A (&red)[3][CT][P1], int 
   }
 }
 
-template <typename T, int CT, int THREADS, int MAXR, int MB = kTileMergeBatch>
+// ONCE (CUDADOCTOR_OPS_BN_NHWC_TILE_ONCE=1, launched only where splits >= CT): phase 2 merges
+// each channel once instead of in every block of its tile. Block `split` < CT of a tile merges
+// channel `split` (one partial per thread, a Welford tree over the block in a fixed order),
+// finishes it (saved and running statistics) and writes its coefficients to the workspace after
+// the partials, ws [tiles][splits][3][CT] then [tiles][3][CT]; a second grid barrier; every block
+// then loads its tile's coefficients. Two barriers and one merge per channel against one barrier
+// and `splits` merges per channel.
+template <typename T, int CT, int THREADS, int MAXR, int MB = kTileMergeBatch, bool ONCE = false>
 __global__ void __launch_bounds__(THREADS, TileMinBlocks<T, THREADS>::value)
     bn_tile_nhwc(const T* __restrict__ x, T* __restrict__ y, uint8_t* __restrict__ mask,
                  FwdArgs<typename Acc<T>::type> f, typename Acc<T>::type* ws, int64_t* nbt,
@@ -824,47 +831,86 @@ __global__ void __launch_bounds__(THREADS, TileMinBlocks<T, THREADS>::value)
 
   // ---- phase 2: every block merges its tile's partials and finishes its channels ----
   if (nbt != nullptr && tile == 0 && split == 0 && tid == 0) *nbt = nbt_old + 1;
-  {
-    const int j = tid % CT, g = tid / CT;
-    A m = 0, s = 0, cnt = 0;
-    // written by this launch: loads through L2 (__ldcg), never the read-only path
-    for (int s0 = g; s0 < splits; s0 += G * MB) {
-      A pm[MB], pq[MB], pn[MB];
-#pragma unroll
-      for (int u = 0; u < MB; ++u) {
-        const int sp = s0 + u * G;
-        pm[u] = 0;
-        pq[u] = 0;
-        pn[u] = 0;
-        if (sp < splits) {
-          const A* q = wt + int64_t(sp) * 3 * CT + j;
-          pm[u] = __ldcg(q);
-          pq[u] = __ldcg(q + CT);
-          pn[u] = __ldcg(q + 2 * CT);
-        }
+  if constexpr (ONCE) {
+    A* cg_ = ws + int64_t(gridDim.x) * splits * 3 * CT + int64_t(tile) * 3 * CT;  // [3][CT]
+    if (split < CT) {
+      const int j = split;
+      A m = 0, s = 0, cnt = 0;
+      for (int sp = tid; sp < splits; sp += THREADS) {
+        const A* q = wt + int64_t(sp) * 3 * CT + j;
+        welford_merge(m, s, cnt, __ldcg(q), __ldcg(q + CT), __ldcg(q + 2 * CT));
       }
-#pragma unroll
-      for (int u = 0; u < MB; ++u)
-        if (s0 + u * G < splits) welford_merge(m, s, cnt, pm[u], pq[u], pn[u]);
+      warp_welford(m, s, cnt);  // lane 0 of each warp, lanes merged in a fixed tree
+      if (lane == 0) {
+        red[0][0][warp] = m;
+        red[1][0][warp] = s;
+        red[2][0][warp] = cnt;
+      }
+      __syncthreads();
+      if (tid == 0) {
+        A mm = red[0][0][0], ss = red[1][0][0], nn = red[2][0][0];
+        for (int w = 1; w < W; ++w)
+          welford_merge(mm, ss, nn, red[0][0][w], red[1][0][w], red[2][0][w]);
+        FwdArgs<A> fa = f;
+        fa.momentum = s_momentum;
+        const int64_t c = int64_t(tile) * CT + j;
+        A K = 0, a = 0, b = 0;
+        if (c < C) finish_channel(x, c, fa, mm, ss, nn, true, K, a, b);
+        cg_[j] = K;
+        cg_[CT + j] = a;
+        cg_[2 * CT + j] = b;
+      }
     }
-    red[0][j][g] = m;
-    red[1][j][g] = s;
-    red[2][j][g] = cnt;
+    grid.sync();
+    if (tid < CT) {
+      coef[0][tid] = __ldcg(cg_ + tid);
+      coef[1][tid] = __ldcg(cg_ + CT + tid);
+      coef[2][tid] = __ldcg(cg_ + 2 * CT + tid);
+    }
+    __syncthreads();
+  } else {
+    {
+      const int j = tid % CT, g = tid / CT;
+      A m = 0, s = 0, cnt = 0;
+      // written by this launch: loads through L2 (__ldcg), never the read-only path
+      for (int s0 = g; s0 < splits; s0 += G * MB) {
+        A pm[MB], pq[MB], pn[MB];
+#pragma unroll
+        for (int u = 0; u < MB; ++u) {
+          const int sp = s0 + u * G;
+          pm[u] = 0;
+          pq[u] = 0;
+          pn[u] = 0;
+          if (sp < splits) {
+            const A* q = wt + int64_t(sp) * 3 * CT + j;
+            pm[u] = __ldcg(q);
+            pq[u] = __ldcg(q + CT);
+            pn[u] = __ldcg(q + 2 * CT);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < MB; ++u)
+          if (s0 + u * G < splits) welford_merge(m, s, cnt, pm[u], pq[u], pn[u]);
+      }
+      red[0][j][g] = m;
+      red[1][j][g] = s;
+      red[2][j][g] = cnt;
+    }
+    __syncthreads();
+    {
+      FwdArgs<A> fa = f;
+      fa.momentum = s_momentum;
+      tile_merge_slots<A, CT, G, THREADS, P1>(red, tid, [&](int j, A m, A s, A cnt) {
+        const int64_t c = int64_t(tile) * CT + j;
+        A K = 0, a = 0, b = 0;
+        if (c < C) finish_channel(x, c, fa, m, s, cnt, split == 0, K, a, b);
+        coef[0][j] = K;
+        coef[1][j] = a;
+        coef[2][j] = b;
+      });
+    }
+    __syncthreads();
   }
-  __syncthreads();
-  {
-    FwdArgs<A> fa = f;
-    fa.momentum = s_momentum;
-    tile_merge_slots<A, CT, G, THREADS, P1>(red, tid, [&](int j, A m, A s, A cnt) {
-      const int64_t c = int64_t(tile) * CT + j;
-      A K = 0, a = 0, b = 0;
-      if (c < C) finish_channel(x, c, fa, m, s, cnt, split == 0, K, a, b);
-      coef[0][j] = K;
-      coef[1][j] = a;
-      coef[2][j] = b;
-    });
-  }
-  __syncthreads();
 
   // ---- phase 3: y (and the mask) from the packs held since phase 1 ----
   if (!active) return;
@@ -1274,6 +1320,15 @@ inline TileGrid tile_pick(const TileGrid& a32, const TileGrid& b64, int64_t /*C*
   return b64.splits >= 1 ? b64 : a32;
 }
 
+// CUDADOCTOR_OPS_BN_NHWC_TILE_ONCE=1 (read once): bn_tile_nhwc<ONCE> where splits >= CT.
+inline bool tile_nhwc_once() {
+  static const bool v = [] {
+    const char* e = std::getenv("CUDADOCTOR_OPS_BN_NHWC_TILE_ONCE");
+    return e != nullptr && e[0] == '1';
+  }();
+  return v;
+}
+
 inline int tile_nhwc_mb() {
   static const int v = [] {
     const char* e = std::getenv("CUDADOCTOR_OPS_BN_NHWC_TILE_MB");
@@ -1283,9 +1338,14 @@ inline int tile_nhwc_mb() {
   return v;
 }
 
-// The bn_tile_nhwc instantiation that runs: MB from tile_nhwc_mb for 16-bit types, else 4.
+// The bn_tile_nhwc instantiation that runs: MB from tile_nhwc_mb for 16-bit types, else 4;
+// `once`: the ONCE kernel (at the default MB).
 template <typename T, int CT>
-const void* tile_kernel() {
+const void* tile_kernel(bool once = false) {
+  if (once) {
+    constexpr int mb = sizeof(T) == 2 ? kTileMergeBatch16 : kTileMergeBatch;
+    return reinterpret_cast<const void*>(bn_tile_nhwc<T, CT, kTileThreads, kTileMaxR, mb, true>);
+  }
   if constexpr (sizeof(T) == 2) {
     if (tile_nhwc_mb() == 8)
       return reinterpret_cast<const void*>(bn_tile_nhwc<T, CT, kTileThreads, kTileMaxR, 8>);
@@ -1299,7 +1359,7 @@ template <typename T, int CT>
 TileGrid tile_grid_ct(int64_t R, int64_t C, int device) {
   constexpr int V = 16 / int(sizeof(T));
   constexpr int TY = kTileThreads / (CT / V);
-  const int per_sm = blocks_per_sm(tile_kernel<T, CT>(), 0, kTileThreads);
+  const int per_sm = blocks_per_sm(tile_kernel<T, CT>(tile_nhwc_once()), 0, kTileThreads);
   return tile_grid(R, C, CT, TY, sm_count(device), per_sm, kTileMaxR);
 }
 
@@ -1311,15 +1371,18 @@ bool launch_tile_grid(const TileGrid& g, const T* x, T* y, uint8_t* mask,
   using A = typename Acc<T>::type;
   constexpr int V = 16 / int(sizeof(T));
   constexpr int TX = CT / V;
-  // partials [tiles][splits][3][CT], then (reserve_in_ws) the reserve [C]
-  const int64_t parts = g.tiles * g.splits * 3 * CT;
+  // partials [tiles][splits][3][CT], (once) the coefficients [tiles][3][CT], then
+  // (reserve_in_ws) the reserve [C]
+  const bool once = tile_nhwc_once() && g.splits >= CT;
+  const int64_t parts = g.tiles * g.splits * 3 * CT + (once ? g.tiles * 3 * CT : 0);
   at::Tensor ws = at::empty({parts + (reserve_in_ws ? C : 0)}, acc_opts);
   A* wsp = ws.data_ptr<A>();
   if (reserve_in_ws) f.reserve = wsp + parts;
   int64_t Rr = R, Cc = C;
   void* args[] = {const_cast<T**>(&x), &y, &mask, &f, &wsp, &nbt, &Rr, &Cc, &relu};
   return launch_cooperative(
-      tile_kernel<T, CT>(), dim3(static_cast<unsigned>(g.tiles), static_cast<unsigned>(g.splits)),
+      tile_kernel<T, CT>(once),
+      dim3(static_cast<unsigned>(g.tiles), static_cast<unsigned>(g.splits)),
       dim3(TX, kTileThreads / TX), args, 0, stream);
 }
 

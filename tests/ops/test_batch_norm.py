@@ -561,6 +561,8 @@ _TILE_CHILD = textwrap.dedent(
             bn_op(x, None, None, None, None, True, 1e-5, "none")
             torch.cuda.synchronize()
         used = any("bn_tile_nhwc" in e.name for e in prof.events())
+        # bn_tile_nhwc<T, CT, THREADS, MAXR, MB, ONCE>: the merge-once variant ends with ", true>"
+        once = any("bn_tile_nhwc" in e.name and ", true>" in e.name for e in prof.events())
         for relu in (False, True):
             act = "relu" if relu else "none"
             for affine in (False, True):
@@ -609,6 +611,7 @@ _TILE_CHILD = textwrap.dedent(
                                    and yo.is_contiguous(memory_format=torch.channels_last))
                     out[f"{shape}-{str(dtype)[6:]}-{act}-affine{int(affine)}-rs{str(rs)[6:]}"] = r
         out[f"{shape}-{str(dtype)[6:]}-tile"] = used
+        out[f"{shape}-{str(dtype)[6:]}-once"] = once
     print(json.dumps(out))
     """
 )
@@ -621,6 +624,7 @@ _TILE_SWITCHES = [
     {"CUDADOCTOR_OPS_BN_NHWC_TILE": "0"},
     {"CUDADOCTOR_OPS_BN_NHWC_TILE_MB": "4"},
     {"CUDADOCTOR_OPS_BN_NHWC_TILE_MB": "16"},
+    {"CUDADOCTOR_OPS_BN_NHWC_TILE_ONCE": "1"},
 ]
 
 
@@ -632,7 +636,8 @@ def test_tile_nhwc_forward_matches_float64(ops, switches):
     the input's dtype, or none), saved mean / invstd / reserve, gradients through the backward,
     with and without ReLU and affine parameters; with CUDADOCTOR_OPS_BN_NHWC_TILE_CT=32 / 64 (tile
     width forced), _SPLITS=3 (splits forced where 3 fit: several rows per thread), _MB=4 / 16
-    (16-bit: partials per load batch of the merge; default 8) and _NHWC_TILE=0 (the kernels before it, for
+    (16-bit: partials per load batch of the merge; default 8), _ONCE=1 (each channel merged once,
+    then a second grid barrier, where splits >= the tile width) and _NHWC_TILE=0 (the kernels before it, for
     comparison). The switches are read once per process,
     hence a child; the profiler tells which kernel ran."""
     env = dict(os.environ, **switches)
@@ -644,7 +649,16 @@ def test_tile_nhwc_forward_matches_float64(ops, switches):
 
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     tile_on = switches.get("CUDADOCTOR_OPS_BN_NHWC_TILE") != "0"
+    once_on = switches.get("CUDADOCTOR_OPS_BN_NHWC_TILE_ONCE") == "1"
+    once_ran = [key for key, r in res.items() if key.endswith("-once") and r]
+    if once_on:
+        # (8,64,56,56) bfloat16: one tile over 25088 rows, >= 98 splits on any GPU that fits it
+        assert any(k.startswith("(8, 64, 56, 56)") for k in once_ran), once_ran
+    else:
+        assert not once_ran, once_ran
     for key, r in res.items():
+        if key.endswith("-once"):
+            continue
         if key.endswith("-tile"):
             # every shape here fits a resident grid on any GPU with cooperative launches, save the
             # two largest, which need ~128+ SMs
