@@ -24,8 +24,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_train_upda
     const c10::optional<at::Tensor>& bias, const at::Tensor& running_mean,
     const at::Tensor& running_var, double momentum, double eps, c10::string_view activation);
 
-// Training forward of BatchNorm + ReLU over a channels-last float16 / bfloat16 CUDA tensor x
-// ([N*HW, C] rows, C % 8 == 0, 16-byte aligned) in ONE launch of bn_tile_nhwc:
+// Training forward of BatchNorm + ReLU in one launch where it applies:
 //   out (x's sizes and strides, 16-byte aligned) = relu((x - mean) * invstd * weight + bias);
 //   mask (uint8, >= ceil(numel / 8) bytes): bit i of byte k = 1 when element 8k + i of out, in
 //     memory order, is > 0 (Conv+BN+ReLU's mask);
@@ -34,30 +33,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_train_upda
 //     place, running = (1 - m) * running + m * batch with the unbiased batch variance;
 //   num_batches_tracked (optional int64 [1]): incremented; m = momentum, or with momentum < 0
 //     and num_batches_tracked given, 1 / (num_batches_tracked + 1) (the cumulative average).
-// weight / bias: contiguous [C] of x's dtype or float32, or undefined. Returns false, having
-// launched and written nothing, when the kernel does not apply (dtype, layout, alignment, C, or
-// no resident grid that gives every thread <= 8 rows).
-bool batch_norm_relu_mask_nhwc_train(const at::Tensor& x, const at::Tensor& out,
-                                     const at::Tensor& mask, const at::Tensor& weight,
-                                     const at::Tensor& bias, double eps,
-                                     const at::Tensor& save_mean, const at::Tensor& save_invstd,
-                                     const at::Tensor& running_mean,
-                                     const at::Tensor& running_var,
-                                     const at::Tensor& num_batches_tracked, double momentum);
-
-// The same for a contiguous (NCHW) float32 / float16 / bfloat16 CUDA tensor x with H*W % 8 == 0
-// (out contiguous; x and out 16-byte aligned): bn_fused_nchw in one launch up to 32 MB (every
-// block resident), else the statistics and apply kernels; the running statistics and
-// num_batches_tracked in the same launch as the saved statistics. Returns false, having launched
-// and written nothing, when it does not apply (as above, and for momentum < 0 with
-// num_batches_tracked: the cumulative average is left to the caller's kernels).
-bool batch_norm_relu_mask_nchw_train(const at::Tensor& x, const at::Tensor& out,
-                                     const at::Tensor& mask, const at::Tensor& weight,
-                                     const at::Tensor& bias, double eps,
-                                     const at::Tensor& save_mean, const at::Tensor& save_invstd,
-                                     const at::Tensor& running_mean,
-                                     const at::Tensor& running_var,
-                                     const at::Tensor& num_batches_tracked, double momentum);
+// weight / bias: contiguous [C] of x's dtype or float32, or undefined. x is a CUDA tensor, 16-byte
+// aligned, and either
+//   channels-last float16 / bfloat16 ([N*HW, C] rows, C % 8 == 0): ONE launch of bn_tile_nhwc,
+//     where a resident grid gives every thread <= 8 rows; or
+//   contiguous (NCHW) float32 / float16 / bfloat16 with H*W % 8 == 0 (out contiguous):
+//     bn_fused_nchw in one launch up to 32 MB (every block resident), else the statistics and
+//     apply kernels; not for the cumulative average (left to the caller's kernels).
+// Returns false, having launched and written nothing, when neither applies.
+bool batch_norm_relu_mask_train(const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask,
+                                const at::Tensor& weight, const at::Tensor& bias, double eps,
+                                const at::Tensor& save_mean, const at::Tensor& save_invstd,
+                                const at::Tensor& running_mean, const at::Tensor& running_var,
+                                const at::Tensor& num_batches_tracked, double momentum);
 
 // The BatchNorm part of Conv+BN+ReLU's training backward (csrc/batch_norm_bwd.cu) on BatchNorm's
 // backward kernels, the ReLU gradient taken from the bit mask (bit i of byte k = element 8k + i,
@@ -76,7 +64,7 @@ bool relu_mask_backward_cuda(const at::Tensor& x, const at::Tensor& grad_out,
 namespace cbr {
 
 // CUDADOCTOR_OPS_CBR_TILE=0 (read once) keeps Conv+BN+ReLU's training forward off
-// bn::batch_norm_relu_mask_nhwc_train: the channels-last forward then runs the v2 kernels and the
+// bn::batch_norm_relu_mask_train: the channels-last forward then runs the v2 kernels and the
 // module forward updates the running statistics with the conv_bn_relu_update_stats op, as before.
 inline bool tile_enabled() {
   static const bool on = [] {
@@ -89,7 +77,7 @@ inline bool tile_enabled() {
 // conv_bn_relu_train (out, conv_out, save_mean, save_invstd, mask) that also does what
 // conv_bn_relu_update_stats does with (running_mean, running_var, num_batches_tracked, momentum,
 // eps, count = values per channel): in the same launch as the batch statistics where
-// bn::batch_norm_relu_mask_nhwc_train applies, else with one more kernel. The running statistics
+// bn::batch_norm_relu_mask_train applies, else with one more kernel. The running statistics
 // (both or neither) and num_batches_tracked are checked as conv_bn_relu_update_stats checks them,
 // before anything runs.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>

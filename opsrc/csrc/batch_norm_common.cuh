@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -209,6 +210,15 @@ inline int env_switch(const char* name) {
   const char* e = std::getenv(name);
   if (e == nullptr || *e == '\0') return -1;
   return e[0] == '0' ? 0 : 1;
+}
+
+// The integer value of environment variable `name` when it is one of `allowed`, else `fallback`.
+inline int env_choice(const char* name, std::initializer_list<int> allowed, int fallback) {
+  const char* e = std::getenv(name);
+  const int v = e ? std::atoi(e) : 0;
+  for (int a : allowed)
+    if (v == a) return v;
+  return fallback;
 }
 
 // CUDADOCTOR_OPS_BN_SINGLEREAD (single-read contiguous forward and backward), read once.

@@ -1238,11 +1238,7 @@ inline int tile_nhwc_setting() {
 }
 
 inline int tile_nhwc_ct() {
-  static const int v = [] {
-    const char* e = std::getenv("CUDADOCTOR_OPS_BN_NHWC_TILE_CT");
-    const int t = e ? std::atoi(e) : 0;
-    return t == 32 || t == 64 ? t : 0;
-  }();
+  static const int v = env_choice("CUDADOCTOR_OPS_BN_NHWC_TILE_CT", {32, 64}, 0);
   return v;
 }
 
@@ -1322,19 +1318,12 @@ inline TileGrid tile_pick(const TileGrid& a32, const TileGrid& b64, int64_t /*C*
 
 // CUDADOCTOR_OPS_BN_NHWC_TILE_ONCE=1 (read once): bn_tile_nhwc<ONCE> where splits >= CT.
 inline bool tile_nhwc_once() {
-  static const bool v = [] {
-    const char* e = std::getenv("CUDADOCTOR_OPS_BN_NHWC_TILE_ONCE");
-    return e != nullptr && e[0] == '1';
-  }();
+  static const bool v = env_switch("CUDADOCTOR_OPS_BN_NHWC_TILE_ONCE") == 1;
   return v;
 }
 
 inline int tile_nhwc_mb() {
-  static const int v = [] {
-    const char* e = std::getenv("CUDADOCTOR_OPS_BN_NHWC_TILE_MB");
-    const int m = e == nullptr ? 0 : std::atoi(e);
-    return (m == 4 || m == 8 || m == 16) ? m : kTileMergeBatch16;
-  }();
+  static const int v = env_choice("CUDADOCTOR_OPS_BN_NHWC_TILE_MB", {4, 8, 16}, kTileMergeBatch16);
   return v;
 }
 
@@ -1722,7 +1711,7 @@ void batch_norm_update_stats_cuda(const at::Tensor& running_mean, const at::Tens
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// Contiguous training forward with ReLU and mask (see batch_norm_relu_mask_nchw_train):
+// Contiguous training forward with ReLU and mask (see batch_norm_relu_mask_train):
 // bn_fused_nchw<M = true> where it applies, else bn_stats_nchw -> bn_apply_nchw<M = true>.
 template <typename T>
 void launch_train_mask_nchw(const Layout& l, const T* x, T* y, uint8_t* mask,
@@ -1745,38 +1734,55 @@ void launch_train_mask_nchw(const Layout& l, const T* x, T* y, uint8_t* mask,
 
 }  // namespace
 
-bool batch_norm_relu_mask_nchw_train(const at::Tensor& x, const at::Tensor& out,
-                                     const at::Tensor& mask, const at::Tensor& weight,
-                                     const at::Tensor& bias, double eps,
-                                     const at::Tensor& save_mean, const at::Tensor& save_invstd,
-                                     const at::Tensor& running_mean,
-                                     const at::Tensor& running_var,
-                                     const at::Tensor& num_batches_tracked, double momentum) {
+bool batch_norm_relu_mask_train(const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask,
+                                const at::Tensor& weight, const at::Tensor& bias, double eps,
+                                const at::Tensor& save_mean, const at::Tensor& save_invstd,
+                                const at::Tensor& running_mean, const at::Tensor& running_var,
+                                const at::Tensor& num_batches_tracked, double momentum) {
   const auto st = x.scalar_type();
   if (st != at::kFloat && st != at::kHalf && st != at::kBFloat16) return false;
-  if (!x.is_cuda() || x.dim() < 2 || x.numel() == 0 || !x.is_contiguous()) return false;
+  if (!x.is_cuda() || x.dim() < 2 || x.numel() == 0) return false;
   const Layout l = make_layout(x);
-  if (l.nhwc || !l.x.is_same(x)) return false;
-  if (l.HW % 8 != 0 || l.N * l.HW < 2) return false;
-  if (out.scalar_type() != st || out.sizes() != x.sizes() || !out.is_contiguous()) return false;
+  if (!l.x.is_same(x) || l.N * l.HW < 2) return false;
+  if (l.nhwc) {
+    // bn_tile_nhwc: 16-bit packs of 8 channels; out in x's strides
+    if (st == at::kFloat || l.C % 8 != 0 || out.strides() != x.strides()) return false;
+  } else {
+    // bn_fused_nchw / bn_apply_nchw with M: whole mask bytes per channel row; the cumulative
+    // average reads num_batches_tracked, which this path increments unordered
+    if (!x.is_contiguous() || !out.is_contiguous() || l.HW % 8 != 0) return false;
+    if (num_batches_tracked.defined() && momentum < 0) return false;
+  }
+  if (out.scalar_type() != st || out.sizes() != x.sizes()) return false;
   if (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 != 0)
     return false;
   if (mask.scalar_type() != at::kByte || mask.numel() < (x.numel() + 7) / 8) return false;
   if (save_mean.scalar_type() != at::kFloat || save_invstd.scalar_type() != at::kFloat) return false;
-  // the cumulative average reads num_batches_tracked, which this path increments unordered
-  if (num_batches_tracked.defined() && momentum < 0) return false;
   const bool update = running_mean.defined() && running_var.defined();
   const int device = x.get_device();
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
   const auto acc_opts = save_mean.options();
-  at::Tensor reserve = at::empty({l.C}, acc_opts);
-  FwdArgs<float> f = fwd_args<float>(eps, true, at::Tensor(), at::Tensor(), weight, bias,
-                                     save_mean, save_invstd, reserve.data_ptr<float>(), l.HW,
-                                     update ? running_mean : at::Tensor(),
-                                     update ? running_var : at::Tensor(), momentum);
-  f.nbt = num_batches_tracked.defined() ? num_batches_tracked.data_ptr<int64_t>() : nullptr;
+  int64_t* nbt = num_batches_tracked.defined() ? num_batches_tracked.data_ptr<int64_t>() : nullptr;
   uint8_t* mp = mask.data_ptr<uint8_t>();
+  // no running statistics to read (training); channels-last: the reserve in the workspace
+  at::Tensor reserve = l.nhwc ? at::Tensor() : at::empty({l.C}, acc_opts);
+  FwdArgs<float> f = fwd_args<float>(eps, true, at::Tensor(), at::Tensor(), weight, bias,
+                                     save_mean, save_invstd,
+                                     l.nhwc ? nullptr : reserve.data_ptr<float>(),
+                                     l.nhwc ? 1 : l.HW, update ? running_mean : at::Tensor(),
+                                     update ? running_var : at::Tensor(), momentum);
+  if (l.nhwc) {
+    const int64_t R = l.N * l.HW;
+    if (st == at::kHalf) {
+      return launch_tile_nhwc<at::Half>(l.x.data_ptr<at::Half>(), out.data_ptr<at::Half>(), mp,
+                                        f, nbt, R, l.C, true, acc_opts, true, device, stream);
+    }
+    return launch_tile_nhwc<at::BFloat16>(l.x.data_ptr<at::BFloat16>(),
+                                          out.data_ptr<at::BFloat16>(), mp, f, nbt, R, l.C, true,
+                                          acc_opts, true, device, stream);
+  }
+  f.nbt = nbt;
   if (st == at::kFloat) {
     launch_train_mask_nchw<float>(l, l.x.data_ptr<float>(), out.data_ptr<float>(), mp, f,
                                   acc_opts, device, stream);
@@ -1789,48 +1795,6 @@ bool batch_norm_relu_mask_nchw_train(const at::Tensor& x, const at::Tensor& out,
                                          stream);
   }
   return true;
-}
-
-bool batch_norm_relu_mask_nhwc_train(const at::Tensor& x, const at::Tensor& out,
-                                     const at::Tensor& mask, const at::Tensor& weight,
-                                     const at::Tensor& bias, double eps,
-                                     const at::Tensor& save_mean, const at::Tensor& save_invstd,
-                                     const at::Tensor& running_mean,
-                                     const at::Tensor& running_var,
-                                     const at::Tensor& num_batches_tracked, double momentum) {
-  const auto st = x.scalar_type();
-  if (st != at::kHalf && st != at::kBFloat16) return false;
-  if (!x.is_cuda() || x.dim() < 2 || x.numel() == 0) return false;
-  const Layout l = make_layout(x);
-  if (!l.nhwc || !l.x.is_same(x)) return false;
-  const int64_t C = l.C, R = l.N * l.HW;
-  constexpr int V = 8;
-  if (C % V != 0 || R < 2) return false;
-  if (out.scalar_type() != st || out.sizes() != x.sizes() || out.strides() != x.strides())
-    return false;
-  if (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0 ||
-      reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 != 0)
-    return false;
-  if (mask.scalar_type() != at::kByte || mask.numel() < (x.numel() + 7) / 8) return false;
-  if (save_mean.scalar_type() != at::kFloat || save_invstd.scalar_type() != at::kFloat) return false;
-  const bool update = running_mean.defined() && running_var.defined();
-  const int device = x.get_device();
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
-  // no running statistics to read (training), the reserve in the workspace
-  FwdArgs<float> f = fwd_args<float>(eps, true, at::Tensor(), at::Tensor(), weight, bias,
-                                     save_mean, save_invstd, nullptr, 1,
-                                     update ? running_mean : at::Tensor(),
-                                     update ? running_var : at::Tensor(), momentum);
-  int64_t* nbt = num_batches_tracked.defined() ? num_batches_tracked.data_ptr<int64_t>() : nullptr;
-  uint8_t* mp = mask.data_ptr<uint8_t>();
-  const auto acc_opts = save_mean.options();
-  if (st == at::kHalf) {
-    return launch_tile_nhwc<at::Half>(l.x.data_ptr<at::Half>(), out.data_ptr<at::Half>(), mp, f,
-                                      nbt, R, C, true, acc_opts, true, device, stream);
-  }
-  return launch_tile_nhwc<at::BFloat16>(l.x.data_ptr<at::BFloat16>(),
-                                        out.data_ptr<at::BFloat16>(), mp, f, nbt, R, C, true,
-                                        acc_opts, true, device, stream);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_train_update_cuda(

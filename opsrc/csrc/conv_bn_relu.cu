@@ -28,7 +28,7 @@
 // Two kernel sets for NHWC: v2 (default; see "NHWC kernels, v2") and v1, selected with the
 // environment variable CUDADOCTOR_OPS_CBR_V1=1 (read at every call). Both write and read the same
 // mask and statistics, so a forward of one may be followed by a backward of the other. NCHW
-// takes the v1 kernels where BatchNorm's (bn::batch_norm_relu_mask_nchw_train) do not apply.
+// takes the v1 kernels where BatchNorm's (bn::batch_norm_relu_mask_train) do not apply.
 #include <ATen/Context.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/convolution.h>
@@ -1696,10 +1696,10 @@ void check_train_args(const char* op, const at::Tensor& input, const at::Tensor&
 
 // The training forward; upd (may be null): the running-statistics update of the same step (see
 // conv_bn_relu_train_update_cuda). Channels-last float16 / bfloat16 (NHWC kernels not forced to
-// v1, CUDADOCTOR_OPS_CBR_TILE not 0): bn::batch_norm_relu_mask_nhwc_train first (BN, ReLU, mask
-// and the update in one launch); contiguous float32 / float16 / bfloat16 (CUDADOCTOR_OPS_CBR_TILE
-// not 0): bn::batch_norm_relu_mask_nchw_train (bn_fused_nchw with the mask, the update in the
-// same launch); where neither applies the v2 (or v1) kernels and then cbr_update_stats.
+// v1, CUDADOCTOR_OPS_CBR_TILE not 0) and contiguous float32 / float16 / bfloat16
+// (CUDADOCTOR_OPS_CBR_TILE not 0): bn::batch_norm_relu_mask_train first (BN, ReLU, mask and the
+// update in one launch: bn_tile_nhwc / bn_fused_nchw); where it does not apply the v2 (or v1)
+// kernels and then cbr_update_stats.
 TrainOut train_impl(const char* op, const at::Tensor& input, const at::Tensor& conv_weight,
                     const std::optional<at::Tensor>& conv_bias,
                     const std::optional<at::Tensor>& bn_weight,
@@ -1733,20 +1733,11 @@ TrainOut train_impl(const char* op, const at::Tensor& input, const at::Tensor& c
   }
   const at::Tensor w = bn::contig_param(bn_weight), b = bn::contig_param(bn_bias);
   const bool v1 = cbr_v1_selected();
-  const auto st = l.x.scalar_type();
-  if (l.nhwc && !v1 && tile_enabled() && (st == at::kHalf || st == at::kBFloat16)) {
+  if (tile_enabled() && !(l.nhwc && v1)) {
     const at::Tensor none;
-    if (bn::batch_norm_relu_mask_nhwc_train(l.x, out, mask, w, b, eps, save_mean, save_invstd,
-                                            upd ? upd->rm : none, upd ? upd->rv : none,
-                                            upd ? upd->nbt : none, upd ? upd->momentum : 0.0)) {
-      return {out, conv_out, save_mean, save_invstd, mask};
-    }
-  }
-  if (!l.nhwc && tile_enabled() && (st == at::kFloat || st == at::kHalf || st == at::kBFloat16)) {
-    const at::Tensor none;
-    if (bn::batch_norm_relu_mask_nchw_train(l.x, out, mask, w, b, eps, save_mean, save_invstd,
-                                            upd ? upd->rm : none, upd ? upd->rv : none,
-                                            upd ? upd->nbt : none, upd ? upd->momentum : 0.0)) {
+    if (bn::batch_norm_relu_mask_train(l.x, out, mask, w, b, eps, save_mean, save_invstd,
+                                       upd ? upd->rm : none, upd ? upd->rv : none,
+                                       upd ? upd->nbt : none, upd ? upd->momentum : 0.0)) {
       return {out, conv_out, save_mean, save_invstd, mask};
     }
   }
