@@ -10,6 +10,9 @@
 #include <torch/library.h>
 
 #include <cooperative_groups.h>
+#include <mutex>
+#include <set>
+#include <utility>
 
 #include "batch_norm.h"
 #include "batch_norm_common.cuh"
@@ -763,7 +766,32 @@ __device__ __forceinline__ void tile_merge_slots(const A (&red)[3][CT][P1], int 
 // the partials, ws [tiles][splits][3][CT] then [tiles][3][CT]; a second grid barrier; every block
 // then loads its tile's coefficients. Two barriers and one merge per channel against one barrier
 // and `splits` merges per channel.
-template <typename T, int CT, int THREADS, int MAXR, int MB = kTileMergeBatch, bool ONCE = false>
+//
+// SR > 0 (the stash): rows k = MAXR .. MAXR + SR - 1 of a thread live in dynamic shared memory,
+// stash [SR][THREADS] packs (SR * THREADS * 16 bytes at most; the launcher passes only the rows
+// in use), copied there by cp.async before the register rows are loaded, so that a thread has up
+// to MAXR + SR packs in flight at once. Phase 1 accumulates the register rows, waits for its own
+// copies and accumulates the stashed rows; phase 3 writes y from both. This is what lets tensors
+// of up to about a third of the register file plus shared memory (e.g. 25 MB of float16 on an
+// H200) be read from memory once.
+__device__ __forceinline__ void tile_cp_async16(void* dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+#else
+  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+#endif
+}
+
+__device__ __forceinline__ void tile_cp_async_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
+template <typename T, int CT, int THREADS, int MAXR, int MB = kTileMergeBatch, bool ONCE = false,
+          int SR = 0>
 __global__ void __launch_bounds__(THREADS, TileMinBlocks<T, THREADS>::value)
     bn_tile_nhwc(const T* __restrict__ x, T* __restrict__ y, uint8_t* __restrict__ mask,
                  FwdArgs<typename Acc<T>::type> f, typename Acc<T>::type* ws, int64_t* nbt,
@@ -795,11 +823,37 @@ __global__ void __launch_bounds__(THREADS, TileMinBlocks<T, THREADS>::value)
   Pack<T, V> p[MAXR];
   int64_t nbt_old = 0;
 
+  // the stash (SR > 0): slot k of this thread at stash[k * THREADS]
+  extern __shared__ __align__(16) unsigned char tile_stash_raw[];
+  Pack<T, V>* stash = reinterpret_cast<Pack<T, V>*>(tile_stash_raw) + tid;
+
   // ---- phase 1: load every pack of the thread, the block's partial per channel ----
   {
+    if constexpr (SR > 0) {
+      if (active) {
+#pragma unroll
+        for (int k = 0; k < SR; ++k) {
+          const int64_t r = r0 + int64_t(MAXR + k) * rstride;
+          if (r < R) tile_cp_async16(stash + k * THREADS, xc + r * C);
+        }
+      }
+    }
     A mean[V], m2[V];
     A n = 0;
     load_rows_welford<A, T, V, MAXR>(xc, r0, rstride, R, C, active, p, mean, m2, n);
+    if constexpr (SR > 0) {
+      tile_cp_async_wait_all();  // this thread's own copies: no block barrier needed
+      if (active && r0 + int64_t(MAXR) * rstride < R) {
+        A K[V];
+        const Pack<T, V> k0 = *reinterpret_cast<const Pack<T, V>*>(xc);
+#pragma unroll
+        for (int i = 0; i < V; ++i) K[i] = static_cast<A>(k0.v[i]);
+#pragma unroll 4
+        for (int k = 0; k < SR; ++k)
+          if (r0 + int64_t(MAXR + k) * rstride < R)
+            welford_row<A, T, V>(stash[k * THREADS], K, mean, m2, n);
+      }
+    }
     // the rows of the warp (lanes tx, tx + TX, ...) into lane tx
 #pragma unroll
     for (int o = 16; o >= TX; o >>= 1) shfl_merge_pack<A, V>(mean, m2, n, o);
@@ -922,26 +976,35 @@ __global__ void __launch_bounds__(THREADS, TileMinBlocks<T, THREADS>::value)
     b[i] = coef[2][tx * V + i];
   }
   T* yc = y + cv * V;
+  auto put = [&](const Pack<T, V>& q, int64_t r) {
+    Pack<T, V> o;
+#pragma unroll
+    for (int i = 0; i < V; ++i)
+      o.v[i] = static_cast<T>(act((static_cast<A>(q.v[i]) - K[i]) * a[i] + b[i], relu));
+    *reinterpret_cast<Pack<T, V>*>(yc + r * C) = o;
+    if constexpr (V == 8) {
+      if (mask != nullptr) {
+        // the pack's 8 elements start at element r * C + cv * 8
+        unsigned byte = 0;
+#pragma unroll
+        for (int i = 0; i < V; ++i) byte |= (static_cast<A>(o.v[i]) > A(0) ? 1u : 0u) << i;
+        mask[r * (C / 8) + cv] = static_cast<uint8_t>(byte);
+      }
+    }
+  };
 #pragma unroll
   for (int u = 0; u < MAXR; ++u) {
     const int64_t r = r0 + u * rstride;
     if (r < R) {
       persist_opaque(p[u]);
-      Pack<T, V> o;
-#pragma unroll
-      for (int i = 0; i < V; ++i)
-        o.v[i] = static_cast<T>(act((static_cast<A>(p[u].v[i]) - K[i]) * a[i] + b[i], relu));
-      *reinterpret_cast<Pack<T, V>*>(yc + r * C) = o;
-      if constexpr (V == 8) {
-        if (mask != nullptr) {
-          // the pack's 8 elements start at element r * C + cv * 8
-          unsigned byte = 0;
-#pragma unroll
-          for (int i = 0; i < V; ++i)
-            byte |= (static_cast<A>(o.v[i]) > A(0) ? 1u : 0u) << i;
-          mask[r * (C / 8) + cv] = static_cast<uint8_t>(byte);
-        }
-      }
+      put(p[u], r);
+    }
+  }
+  if constexpr (SR > 0) {
+#pragma unroll 4
+    for (int k = 0; k < SR; ++k) {
+      const int64_t r = r0 + int64_t(MAXR + k) * rstride;
+      if (r < R) put(stash[k * THREADS], r);
     }
   }
 }
@@ -1264,6 +1327,7 @@ struct TileGrid {
   int64_t tiles = 0;
   int splits = 0;
   int waves = 0;
+  int stash_rows = 0;  // rows per thread in shared memory (the stash variant), 0 for none
 };
 
 // Splits of bn_tile_nhwc for R rows, C channels in tiles of ct, TY rows per block, sms SMs and
@@ -1316,9 +1380,36 @@ inline TileGrid tile_pick(const TileGrid& a32, const TileGrid& b64, int64_t /*C*
   return b64.splits >= 1 ? b64 : a32;
 }
 
-// CUDADOCTOR_OPS_BN_NHWC_TILE_ONCE=1 (read once): bn_tile_nhwc<ONCE> where splits >= CT.
-inline bool tile_nhwc_once() {
-  static const bool v = env_switch("CUDADOCTOR_OPS_BN_NHWC_TILE_ONCE") == 1;
+// bn_tile_nhwc<ONCE>: CUDADOCTOR_OPS_BN_NHWC_TILE_ONCE=1 wherever splits >= CT, =0 never (read
+// once); unset: tiles of 64 at >= kTileOnceSplits splits, and any grid of more than kTileMaxSplits
+// splits (the stash grids; without ONCE every block would merge them all). On the H200 (one run,
+// float16 / bfloat16): (64,128,28,28) at 198 splits of 64 channels 23.3 -> 21.1 / 25.9 -> 25.1 us
+// with ONCE; (64,256,14,14) at 66 splits 16.0 -> 16.9 / 16.0 -> 17.3 us (the second barrier costs
+// more than the merges it saves); Conv+BN+ReLU (32,64,56,56)->64 float16 (198 splits of 32
+// channels) 54.6 -> 57.4 us.
+constexpr int kTileOnceSplits = 128;
+
+inline int tile_nhwc_once_setting() {
+  static const int v = env_switch("CUDADOCTOR_OPS_BN_NHWC_TILE_ONCE");
+  return v;
+}
+
+inline bool tile_once(const TileGrid& g) {
+  if (g.splits < g.ct) return false;  // the kernel needs a block per channel of its tile
+  const int s = tile_nhwc_once_setting();
+  if (g.splits > kTileMaxSplits) return s != 0;
+  if (s >= 0) return s == 1;
+  return g.ct == 64 && g.splits >= kTileOnceSplits;
+}
+
+// Rows a thread keeps in shared memory in the stash variant (16-bit types): 16 packs of 16 bytes,
+// 64 KB per block of 256, so that 3 blocks still fit an SM of 228 KB next to the static shared
+// memory. CUDADOCTOR_OPS_BN_NHWC_TILE_STASH=0 turns the variant off (read once).
+constexpr int kTileStashRows = 16;
+constexpr size_t kTileStashBytes = size_t(kTileStashRows) * kTileThreads * 16;
+
+inline int tile_nhwc_stash_setting() {
+  static const int v = env_switch("CUDADOCTOR_OPS_BN_NHWC_TILE_STASH");
   return v;
 }
 
@@ -1328,13 +1419,23 @@ inline int tile_nhwc_mb() {
 }
 
 // The bn_tile_nhwc instantiation that runs: MB from tile_nhwc_mb for 16-bit types, else 4;
-// `once`: the ONCE kernel (at the default MB).
+// `once`: the ONCE kernel (at the default MB); `stash`: the stash variant (16-bit types; ONCE or
+// not, default MB; nullptr for float32).
 template <typename T, int CT>
-const void* tile_kernel(bool once = false) {
-  if (once) {
-    constexpr int mb = sizeof(T) == 2 ? kTileMergeBatch16 : kTileMergeBatch;
-    return reinterpret_cast<const void*>(bn_tile_nhwc<T, CT, kTileThreads, kTileMaxR, mb, true>);
+const void* tile_kernel(bool once = false, bool stash = false) {
+  constexpr int mbd = sizeof(T) == 2 ? kTileMergeBatch16 : kTileMergeBatch;
+  if (stash) {
+    if constexpr (sizeof(T) == 2) {
+      if (once)
+        return reinterpret_cast<const void*>(
+            bn_tile_nhwc<T, CT, kTileThreads, kTileMaxR, mbd, true, kTileStashRows>);
+      return reinterpret_cast<const void*>(
+          bn_tile_nhwc<T, CT, kTileThreads, kTileMaxR, mbd, false, kTileStashRows>);
+    }
+    return nullptr;
   }
+  if (once)
+    return reinterpret_cast<const void*>(bn_tile_nhwc<T, CT, kTileThreads, kTileMaxR, mbd, true>);
   if constexpr (sizeof(T) == 2) {
     if (tile_nhwc_mb() == 8)
       return reinterpret_cast<const void*>(bn_tile_nhwc<T, CT, kTileThreads, kTileMaxR, 8>);
@@ -1344,12 +1445,63 @@ const void* tile_kernel(bool once = false) {
   return reinterpret_cast<const void*>(bn_tile_nhwc<T, CT, kTileThreads, kTileMaxR, 4>);
 }
 
+// Allows `kernel` kTileStashBytes of dynamic shared memory on `device` (once per kernel and
+// device; needed above 48 KB).
+inline void allow_stash_smem(const void* kernel, int device) {
+  static std::mutex mu;
+  static std::set<std::pair<const void*, int>> done;
+  std::lock_guard<std::mutex> lock(mu);
+  if (done.count({kernel, device})) return;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(kTileStashBytes)));
+  done.insert({kernel, device});
+}
+
 template <typename T, int CT>
 TileGrid tile_grid_ct(int64_t R, int64_t C, int device) {
   constexpr int V = 16 / int(sizeof(T));
   constexpr int TY = kTileThreads / (CT / V);
-  const int per_sm = blocks_per_sm(tile_kernel<T, CT>(tile_nhwc_once()), 0, kTileThreads);
+  const int per_sm = blocks_per_sm(tile_kernel<T, CT>(), 0, kTileThreads);
   return tile_grid(R, C, CT, TY, sm_count(device), per_sm, kTileMaxR);
+}
+
+// The stash variant's grid (16-bit types, where no register-only grid fits): every block the GPU
+// holds at once, as many splits per tile as that gives (fewest rows per thread), as long as every
+// thread's rows fit kTileMaxR + kTileStashRows; g.stash_rows: the shared-memory rows in use.
+template <typename T, int CT>
+TileGrid tile_grid_stash(int64_t R, int64_t C, int device) {
+  TileGrid g;
+  if constexpr (sizeof(T) != 2) {
+    return g;
+  } else {
+    if (tile_nhwc_stash_setting() == 0) return g;
+    constexpr int V = 16 / int(sizeof(T));
+    constexpr int TY = kTileThreads / (CT / V);
+    const void* k0 = tile_kernel<T, CT>(false, true);
+    const void* k1 = tile_kernel<T, CT>(true, true);
+    allow_stash_smem(k0, device);
+    allow_stash_smem(k1, device);
+    const int per_sm = blocks_per_sm(k0, kTileStashBytes, kTileThreads);
+    g.ct = CT;
+    g.tiles = (C + CT - 1) / CT;
+    const int64_t most = (R + TY - 1) / TY;
+    int64_t s = int64_t(per_sm) * sm_count(device) / g.tiles;
+    const int forced = tile_nhwc_splits();
+    if (forced > 0 && forced <= s) s = forced;
+    if (s > most) s = most;
+    if (s > kMaxSplits) s = kMaxSplits;
+    if (s < 1) return g;
+    const int64_t rows = (R + s * TY - 1) / (s * TY);
+    if (rows > kTileMaxR + kTileStashRows) return g;
+    g.splits = static_cast<int>(s);
+    if (g.splits > kTileMaxSplits && !tile_once(g)) {
+      g.splits = 0;
+      return g;
+    }
+    g.waves = per_sm;
+    g.stash_rows = rows > kTileMaxR ? static_cast<int>(rows - kTileMaxR) : 1;
+    return g;
+  }
 }
 
 template <typename T, int CT>
@@ -1362,23 +1514,24 @@ bool launch_tile_grid(const TileGrid& g, const T* x, T* y, uint8_t* mask,
   constexpr int TX = CT / V;
   // partials [tiles][splits][3][CT], (once) the coefficients [tiles][3][CT], then
   // (reserve_in_ws) the reserve [C]
-  const bool once = tile_nhwc_once() && g.splits >= CT;
+  const bool once = tile_once(g);
   const int64_t parts = g.tiles * g.splits * 3 * CT + (once ? g.tiles * 3 * CT : 0);
   at::Tensor ws = at::empty({parts + (reserve_in_ws ? C : 0)}, acc_opts);
   A* wsp = ws.data_ptr<A>();
   if (reserve_in_ws) f.reserve = wsp + parts;
   int64_t Rr = R, Cc = C;
   void* args[] = {const_cast<T**>(&x), &y, &mask, &f, &wsp, &nbt, &Rr, &Cc, &relu};
+  const size_t smem = size_t(g.stash_rows) * kTileThreads * 16;
   return launch_cooperative(
-      tile_kernel<T, CT>(once),
+      tile_kernel<T, CT>(once, g.stash_rows > 0),
       dim3(static_cast<unsigned>(g.tiles), static_cast<unsigned>(g.splits)),
-      dim3(TX, kTileThreads / TX), args, 0, stream);
+      dim3(TX, kTileThreads / TX), args, smem, stream);
 }
 
 // bn_tile_nhwc on x, y: [R, C] (C % (16 / sizeof(T)) == 0, 16-byte aligned) when a resident grid
-// gives every thread <= kTileMaxR rows; false otherwise (nothing launched). mask: see the kernel
-// (nullptr for none). reserve_in_ws: f.reserve is pointed into the workspace (callers without a
-// reserve output).
+// gives every thread <= kTileMaxR rows (or, for 16-bit types, <= kTileMaxR + kTileStashRows with
+// the stash); false otherwise (nothing launched). mask: see the kernel (nullptr for none).
+// reserve_in_ws: f.reserve is pointed into the workspace (callers without a reserve output).
 template <typename T>
 bool launch_tile_nhwc(const T* x, T* y, uint8_t* mask, FwdArgs<typename Acc<T>::type>& f,
                       int64_t* nbt, int64_t R, int64_t C, bool relu,
@@ -1390,7 +1543,12 @@ bool launch_tile_nhwc(const T* x, T* y, uint8_t* mask, FwdArgs<typename Acc<T>::
   TileGrid g32, g64;
   if (forced != 64) g32 = tile_grid_ct<T, 32>(R, C, device);
   if (forced != 32) g64 = tile_grid_ct<T, 64>(R, C, device);
-  const TileGrid g = tile_pick(g32, g64, C);
+  TileGrid g = tile_pick(g32, g64, C);
+  if (g.splits < 1) {
+    if (forced != 64) g32 = tile_grid_stash<T, 32>(R, C, device);
+    if (forced != 32) g64 = tile_grid_stash<T, 64>(R, C, device);
+    g = tile_pick(g32, g64, C);
+  }
   if (g.splits < 1) return false;
   if (g.ct == 32)
     return launch_tile_grid<T, 32>(g, x, y, mask, f, nbt, R, C, relu, acc_opts, reserve_in_ws,

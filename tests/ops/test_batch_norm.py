@@ -534,7 +534,7 @@ def test_training_forward_kernel_choices(ops, layout, switches):
 
 _TILE_CHILD = textwrap.dedent(
     """
-    import json, sys
+    import json, re, sys
     import torch
     import cudadoctor_ops
     from torch.profiler import ProfilerActivity, profile
@@ -546,7 +546,9 @@ _TILE_CHILD = textwrap.dedent(
     cases = [((64, 512, 7, 7), torch.float16), ((64, 256, 14, 14), torch.float16),
              ((8, 64, 56, 56), torch.bfloat16), ((2, 24, 5, 7), torch.float16),
              ((32, 200, 14, 14), torch.float32), ((16, 72, 28, 28), torch.bfloat16),
-             ((64, 512, 7, 7), torch.float32), ((4, 40, 9, 9), torch.float32)]
+             ((64, 512, 7, 7), torch.float32), ((4, 40, 9, 9), torch.float32),
+             # too many rows per thread for registers alone: the stash variant (16-bit types)
+             ((40, 256, 28, 28), torch.float16), ((64, 64, 56, 56), torch.bfloat16)]
     out = {}
     for shape, dtype in cases:
         c = shape[1]
@@ -561,8 +563,12 @@ _TILE_CHILD = textwrap.dedent(
             bn_op(x, None, None, None, None, True, 1e-5, "none")
             torch.cuda.synchronize()
         used = any("bn_tile_nhwc" in e.name for e in prof.events())
-        # bn_tile_nhwc<T, CT, THREADS, MAXR, MB, ONCE>: the merge-once variant ends with ", true>"
-        once = any("bn_tile_nhwc" in e.name and ", true>" in e.name for e in prof.events())
+        # bn_tile_nhwc<T, CT, THREADS, MAXR, MB, ONCE, SR>: ONCE "true" merges each channel once,
+        # SR > 0 keeps rows in shared memory
+        targs = [re.search(r"bn_tile_nhwc<([^>]*)>", e.name) for e in prof.events()]
+        targs = [[a.strip() for a in m.group(1).split(",")] for m in targs if m]
+        once = any(a[5] == "true" for a in targs)
+        stash = any(int(a[6]) > 0 for a in targs)
         for relu in (False, True):
             act = "relu" if relu else "none"
             for affine in (False, True):
@@ -612,6 +618,7 @@ _TILE_CHILD = textwrap.dedent(
                     out[f"{shape}-{str(dtype)[6:]}-{act}-affine{int(affine)}-rs{str(rs)[6:]}"] = r
         out[f"{shape}-{str(dtype)[6:]}-tile"] = used
         out[f"{shape}-{str(dtype)[6:]}-once"] = once
+        out[f"{shape}-{str(dtype)[6:]}-stash"] = stash
     print(json.dumps(out))
     """
 )
@@ -625,6 +632,8 @@ _TILE_SWITCHES = [
     {"CUDADOCTOR_OPS_BN_NHWC_TILE_MB": "4"},
     {"CUDADOCTOR_OPS_BN_NHWC_TILE_MB": "16"},
     {"CUDADOCTOR_OPS_BN_NHWC_TILE_ONCE": "1"},
+    {"CUDADOCTOR_OPS_BN_NHWC_TILE_ONCE": "0"},
+    {"CUDADOCTOR_OPS_BN_NHWC_TILE_STASH": "0"},
 ]
 
 
@@ -649,15 +658,31 @@ def test_tile_nhwc_forward_matches_float64(ops, switches):
 
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     tile_on = switches.get("CUDADOCTOR_OPS_BN_NHWC_TILE") != "0"
-    once_on = switches.get("CUDADOCTOR_OPS_BN_NHWC_TILE_ONCE") == "1"
+    once_set = switches.get("CUDADOCTOR_OPS_BN_NHWC_TILE_ONCE")
+    stash_on = tile_on and switches.get("CUDADOCTOR_OPS_BN_NHWC_TILE_STASH") != "0"
     once_ran = [key for key, r in res.items() if key.endswith("-once") and r]
-    if once_on:
-        # (8,64,56,56) bfloat16: one tile over 25088 rows, >= 98 splits on any GPU that fits it
+    stash_ran = [key for key, r in res.items() if key.endswith("-stash") and r]
+    # (8,64,56,56) bfloat16: one tile of 64 over 25088 rows, >= 98 splits on any GPU that fits
+    # it (>= 128 with 128 SMs or more, where ONCE is the default). The stash runs only where no
+    # register-only grid fits, and then ONCE is forced only above 256 splits.
+    small_once = [k for k in once_ran if not k.startswith(("(40, 256", "(64, 64, 56"))]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    ct = switches.get("CUDADOCTOR_OPS_BN_NHWC_TILE_CT")
+    forced_splits = "CUDADOCTOR_OPS_BN_NHWC_TILE_SPLITS" in switches
+    if once_set == "1" or (once_set is None and tile_on and sms >= 128 and ct != "32"
+                           and not forced_splits):
         assert any(k.startswith("(8, 64, 56, 56)") for k in once_ran), once_ran
-    else:
+    elif once_set == "0" or not tile_on:
         assert not once_ran, once_ran
+    elif ct == "32" or forced_splits:
+        assert not small_once, small_once
+    if stash_on and "CUDADOCTOR_OPS_BN_NHWC_TILE_SPLITS" not in switches:
+        # (40,256,28,28) float16: 10 rows per thread on 132 SMs, 17 on 80
+        assert any(k.startswith(("(40, 256", "(64, 64, 56")) for k in stash_ran), stash_ran
+    if not stash_on:
+        assert not stash_ran, stash_ran
     for key, r in res.items():
-        if key.endswith("-once"):
+        if key.endswith(("-once", "-stash")):
             continue
         if key.endswith("-tile"):
             # every shape here fits a resident grid on any GPU with cooperative launches, save the
