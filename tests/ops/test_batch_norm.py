@@ -674,7 +674,8 @@ def test_tile_nhwc_forward_matches_float64(ops, switches):
         assert any(k.startswith("(8, 64, 56, 56)") for k in once_ran), once_ran
     elif once_set == "0" or not tile_on:
         assert not once_ran, once_ran
-    elif ct == "32" or forced_splits:
+    elif ct == "32":
+        # tiles of 32 take ONCE by default only above 256 splits
         assert not small_once, small_once
     if stash_on and "CUDADOCTOR_OPS_BN_NHWC_TILE_SPLITS" not in switches:
         # (40,256,28,28) float16: 10 rows per thread on 132 SMs, 17 on 80
