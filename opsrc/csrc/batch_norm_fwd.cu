@@ -790,8 +790,13 @@ __device__ __forceinline__ void tile_cp_async_wait_all() {
 #endif
 }
 
+//
+// ST (with SR > 0, the streaming variant, for tensors beyond what registers and stash hold): rows
+// k >= MAXR + SR of a thread are read from memory in phase 1 before the held ones are loaded (two
+// at a time) and again in phase 3 after the held ones are written, so that the held packs are
+// never live across the streaming loops. MAXR + SR rows per thread are read once, the rest twice.
 template <typename T, int CT, int THREADS, int MAXR, int MB = kTileMergeBatch, bool ONCE = false,
-          int SR = 0>
+          int SR = 0, bool ST = false>
 __global__ void __launch_bounds__(THREADS, TileMinBlocks<T, THREADS>::value)
     bn_tile_nhwc(const T* __restrict__ x, T* __restrict__ y, uint8_t* __restrict__ mask,
                  FwdArgs<typename Acc<T>::type> f, typename Acc<T>::type* ws, int64_t* nbt,
@@ -840,14 +845,42 @@ __global__ void __launch_bounds__(THREADS, TileMinBlocks<T, THREADS>::value)
     }
     A mean[V], m2[V];
     A n = 0;
-    load_rows_welford<A, T, V, MAXR>(xc, r0, rstride, R, C, active, p, mean, m2, n);
-    if constexpr (SR > 0) {
-      tile_cp_async_wait_all();  // this thread's own copies: no block barrier needed
-      if (active && r0 + int64_t(MAXR) * rstride < R) {
-        A K[V];
+    if constexpr (SR == 0) {
+      load_rows_welford<A, T, V, MAXR>(xc, r0, rstride, R, C, active, p, mean, m2, n);
+    } else {
+      // as load_rows_welford, with the streamed rows first (ST: before the register rows are
+      // live) and the stashed rows last (their copies have had the longest)
+      A K[V];
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        K[i] = 0;
+        mean[i] = 0;
+        m2[i] = 0;
+      }
+      if (active) {
         const Pack<T, V> k0 = *reinterpret_cast<const Pack<T, V>*>(xc);
 #pragma unroll
         for (int i = 0; i < V; ++i) K[i] = static_cast<A>(k0.v[i]);
+        if constexpr (ST) {
+          for (int64_t r = r0 + int64_t(MAXR + SR) * rstride; r < R; r += 2 * rstride) {
+            const Pack<T, V> q0 = *reinterpret_cast<const Pack<T, V>*>(xc + r * C);
+            const bool two = r + rstride < R;
+            Pack<T, V> q1;
+            if (two) q1 = *reinterpret_cast<const Pack<T, V>*>(xc + (r + rstride) * C);
+            welford_row<A, T, V>(q0, K, mean, m2, n);
+            if (two) welford_row<A, T, V>(q1, K, mean, m2, n);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < MAXR; ++u)
+          if (r0 + u * rstride < R)
+            p[u] = *reinterpret_cast<const Pack<T, V>*>(xc + (r0 + u * rstride) * C);
+#pragma unroll
+        for (int u = 0; u < MAXR; ++u)
+          if (r0 + u * rstride < R) welford_row<A, T, V>(p[u], K, mean, m2, n);
+      }
+      tile_cp_async_wait_all();  // this thread's own copies: no block barrier needed
+      if (active) {
 #pragma unroll 4
         for (int k = 0; k < SR; ++k)
           if (r0 + int64_t(MAXR + k) * rstride < R)
@@ -1005,6 +1038,16 @@ __global__ void __launch_bounds__(THREADS, TileMinBlocks<T, THREADS>::value)
     for (int k = 0; k < SR; ++k) {
       const int64_t r = r0 + int64_t(MAXR + k) * rstride;
       if (r < R) put(stash[k * THREADS], r);
+    }
+  }
+  if constexpr (ST) {
+    for (int64_t r = r0 + int64_t(MAXR + SR) * rstride; r < R; r += 2 * rstride) {
+      const Pack<T, V> q0 = *reinterpret_cast<const Pack<T, V>*>(xc + r * C);
+      const bool two = r + rstride < R;
+      Pack<T, V> q1;
+      if (two) q1 = *reinterpret_cast<const Pack<T, V>*>(xc + (r + rstride) * C);
+      put(q0, r);
+      if (two) put(q1, r + rstride);
     }
   }
 }
@@ -1328,6 +1371,7 @@ struct TileGrid {
   int splits = 0;
   int waves = 0;
   int stash_rows = 0;  // rows per thread in shared memory (the stash variant), 0 for none
+  bool stream = false;  // the streaming variant (more rows than registers and stash hold)
 };
 
 // Splits of bn_tile_nhwc for R rows, C channels in tiles of ct, TY rows per block, sms SMs and
@@ -1413,6 +1457,16 @@ inline int tile_nhwc_stash_setting() {
   return v;
 }
 
+// The streaming variant (see bn_tile_nhwc's ST) for channels-last 16-bit tensors above
+// kFusedMaxBytes and up to kTileStreamMaxBytes; CUDADOCTOR_OPS_BN_NHWC_TILE_STREAM=0 turns it off
+// (read once).
+constexpr int64_t kTileStreamMaxBytes = int64_t(128) << 20;
+
+inline int tile_nhwc_stream_setting() {
+  static const int v = env_switch("CUDADOCTOR_OPS_BN_NHWC_TILE_STREAM");
+  return v;
+}
+
 inline int tile_nhwc_mb() {
   static const int v = env_choice("CUDADOCTOR_OPS_BN_NHWC_TILE_MB", {4, 8, 16}, kTileMergeBatch16);
   return v;
@@ -1422,10 +1476,17 @@ inline int tile_nhwc_mb() {
 // `once`: the ONCE kernel (at the default MB); `stash`: the stash variant (16-bit types; ONCE or
 // not, default MB; nullptr for float32).
 template <typename T, int CT>
-const void* tile_kernel(bool once = false, bool stash = false) {
+const void* tile_kernel(bool once = false, bool stash = false, bool stream = false) {
   constexpr int mbd = sizeof(T) == 2 ? kTileMergeBatch16 : kTileMergeBatch;
   if (stash) {
     if constexpr (sizeof(T) == 2) {
+      if (stream) {
+        if (once)
+          return reinterpret_cast<const void*>(
+              bn_tile_nhwc<T, CT, kTileThreads, kTileMaxR, mbd, true, kTileStashRows, true>);
+        return reinterpret_cast<const void*>(
+            bn_tile_nhwc<T, CT, kTileThreads, kTileMaxR, mbd, false, kTileStashRows, true>);
+      }
       if (once)
         return reinterpret_cast<const void*>(
             bn_tile_nhwc<T, CT, kTileThreads, kTileMaxR, mbd, true, kTileStashRows>);
@@ -1469,7 +1530,7 @@ TileGrid tile_grid_ct(int64_t R, int64_t C, int device) {
 // holds at once, as many splits per tile as that gives (fewest rows per thread), as long as every
 // thread's rows fit kTileMaxR + kTileStashRows; g.stash_rows: the shared-memory rows in use.
 template <typename T, int CT>
-TileGrid tile_grid_stash(int64_t R, int64_t C, int device) {
+TileGrid tile_grid_stash(int64_t R, int64_t C, int device, bool stream = false) {
   TileGrid g;
   if constexpr (sizeof(T) != 2) {
     return g;
@@ -1477,10 +1538,9 @@ TileGrid tile_grid_stash(int64_t R, int64_t C, int device) {
     if (tile_nhwc_stash_setting() == 0) return g;
     constexpr int V = 16 / int(sizeof(T));
     constexpr int TY = kTileThreads / (CT / V);
-    const void* k0 = tile_kernel<T, CT>(false, true);
-    const void* k1 = tile_kernel<T, CT>(true, true);
-    allow_stash_smem(k0, device);
-    allow_stash_smem(k1, device);
+    for (bool st : {false, true})
+      for (bool once : {false, true}) allow_stash_smem(tile_kernel<T, CT>(once, true, st), device);
+    const void* k0 = tile_kernel<T, CT>(false, true, stream);
     const int per_sm = blocks_per_sm(k0, kTileStashBytes, kTileThreads);
     g.ct = CT;
     g.tiles = (C + CT - 1) / CT;
@@ -1492,14 +1552,17 @@ TileGrid tile_grid_stash(int64_t R, int64_t C, int device) {
     if (s > kMaxSplits) s = kMaxSplits;
     if (s < 1) return g;
     const int64_t rows = (R + s * TY - 1) / (s * TY);
-    if (rows > kTileMaxR + kTileStashRows) return g;
+    if (rows > kTileMaxR + kTileStashRows && !stream) return g;
+    g.stream = rows > kTileMaxR + kTileStashRows;
     g.splits = static_cast<int>(s);
     if (g.splits > kTileMaxSplits && !tile_once(g)) {
       g.splits = 0;
       return g;
     }
     g.waves = per_sm;
-    g.stash_rows = rows > kTileMaxR ? static_cast<int>(rows - kTileMaxR) : 1;
+    g.stash_rows = rows > kTileMaxR + kTileStashRows ? kTileStashRows
+                   : rows > kTileMaxR                ? static_cast<int>(rows - kTileMaxR)
+                                                     : 1;
     return g;
   }
 }
@@ -1523,7 +1586,7 @@ bool launch_tile_grid(const TileGrid& g, const T* x, T* y, uint8_t* mask,
   void* args[] = {const_cast<T**>(&x), &y, &mask, &f, &wsp, &nbt, &Rr, &Cc, &relu};
   const size_t smem = size_t(g.stash_rows) * kTileThreads * 16;
   return launch_cooperative(
-      tile_kernel<T, CT>(once, g.stash_rows > 0),
+      tile_kernel<T, CT>(once, g.stash_rows > 0, g.stream),
       dim3(static_cast<unsigned>(g.tiles), static_cast<unsigned>(g.splits)),
       dim3(TX, kTileThreads / TX), args, smem, stream);
 }
@@ -1536,7 +1599,7 @@ template <typename T>
 bool launch_tile_nhwc(const T* x, T* y, uint8_t* mask, FwdArgs<typename Acc<T>::type>& f,
                       int64_t* nbt, int64_t R, int64_t C, bool relu,
                       const at::TensorOptions& acc_opts, bool reserve_in_ws, int device,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, bool allow_stream = false) {
   static_assert(sizeof(T) <= 4, "bn_tile_nhwc: float, float16, bfloat16");
   if (R < 1 || C < 1 || !cooperative_ok(device)) return false;
   const int forced = tile_nhwc_ct();
@@ -1545,8 +1608,8 @@ bool launch_tile_nhwc(const T* x, T* y, uint8_t* mask, FwdArgs<typename Acc<T>::
   if (forced != 32) g64 = tile_grid_ct<T, 64>(R, C, device);
   TileGrid g = tile_pick(g32, g64, C);
   if (g.splits < 1) {
-    if (forced != 64) g32 = tile_grid_stash<T, 32>(R, C, device);
-    if (forced != 32) g64 = tile_grid_stash<T, 64>(R, C, device);
+    if (forced != 64) g32 = tile_grid_stash<T, 32>(R, C, device, allow_stream);
+    if (forced != 32) g64 = tile_grid_stash<T, 64>(R, C, device, allow_stream);
     g = tile_pick(g32, g64, C);
   }
   if (g.splits < 1) return false;
@@ -1562,13 +1625,13 @@ bool launch_tile_nhwc(const T* x, T* y, uint8_t* mask, FwdArgs<typename Acc<T>::
 template <typename T, int V>
 bool launch_tile_nhwc_op(const Layout& l, const T* x, T* y, FwdArgs<typename Acc<T>::type>& f,
                          const at::TensorOptions& acc_opts, bool relu, int device,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, bool allow_stream = false) {
   if constexpr (sizeof(T) > 4 || V != 16 / int(sizeof(T))) {
     return false;
   } else {
     if (tile_nhwc_setting() == 0) return false;
     return launch_tile_nhwc<T>(x, y, nullptr, f, nullptr, l.N * l.HW, l.C, relu, acc_opts, false,
-                               device, stream);
+                               device, stream, allow_stream);
   }
 }
 
@@ -1584,7 +1647,14 @@ bool launch_fused_nhwc(const Layout& l, const T* x, T* y, FwdArgs<typename Acc<T
   if (setting == 0) return false;
   const int64_t R = l.N * l.HW;
   const int64_t bytes = R * l.C * int64_t(sizeof(T));
-  if (setting < 0 && bytes > kFusedMaxBytes) return false;
+  if (setting < 0 && bytes > kFusedMaxBytes) {
+    // above kFusedMaxBytes only the streaming tile variant (16-bit types, up to
+    // kTileStreamMaxBytes)
+    if (sizeof(T) != 2 || bytes > kTileStreamMaxBytes || tile_nhwc_stream_setting() == 0 ||
+        !cooperative_ok(device))
+      return false;
+    return launch_tile_nhwc_op<T, V>(l, x, y, f, acc_opts, relu, device, stream, true);
+  }
   if (!cooperative_ok(device)) return false;
   if (launch_tile_nhwc_op<T, V>(l, x, y, f, acc_opts, relu, device, stream)) return true;
   if (launch_persist_nhwc<T, V>(l, x, y, f, acc_opts, relu, device, stream)) return true;
