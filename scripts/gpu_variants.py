@@ -3,7 +3,7 @@
 
     python scripts/gpu_variants.py [bn] [cbr] [dw] [dwb]
 
-    bn   BatchNorm channels_last training forward (CUDADOCTOR_OPS_BN_NHWC_TILE_STASH=0, _STREAM=0, _CT=32)
+    bn   BatchNorm channels_last training forward (CUDADOCTOR_OPS_BN_NHWC_TILE_STASH=0, _ONCE=0)
     cbr  Conv+BN+ReLU training forward and fwd+bwd, channels_last 16-bit (CUDADOCTOR_OPS_BN_NHWC_TILE_STASH=0,
          _ONCE=1, CUDADOCTOR_OPS_CBR_TILE=0)
     dw   depthwise channels_last forward (CUDADOCTOR_OPS_DW_V4*, against impl=nhwc_v3 and v2)
@@ -26,8 +26,7 @@ import sys
 BN_SHAPES = [(64, 512, 7, 7), (64, 256, 14, 14), (64, 512, 14, 14), (64, 128, 28, 28),
              (64, 256, 28, 28), (64, 1024, 14, 14), (64, 2048, 7, 7), (64, 64, 56, 56),
              (64, 128, 56, 56), (256, 64, 56, 56), (64, 64, 112, 112), (64, 256, 56, 56)]
-BN_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_NHWC_TILE_STASH": "0"}, {"CUDADOCTOR_OPS_BN_NHWC_TILE_STREAM": "0"},
-               {"CUDADOCTOR_OPS_BN_NHWC_TILE_CT": "32"}]
+BN_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_NHWC_TILE_STASH": "0"}, {"CUDADOCTOR_OPS_BN_NHWC_TILE_ONCE": "0"}]
 CBR_CASES = [((32, 64, 56, 56), 64, "float16"), ((64, 128, 28, 28), 128, "bfloat16"),
              ((64, 64, 56, 56), 64, "bfloat16"), ((64, 256, 14, 14), 256, "bfloat16"),
              ((64, 512, 7, 7), 512, "bfloat16")]

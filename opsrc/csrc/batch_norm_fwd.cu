@@ -12,6 +12,7 @@
 #include <cooperative_groups.h>
 #include <mutex>
 #include <set>
+#include <type_traits>
 #include <utility>
 
 #include "batch_norm.h"
@@ -790,13 +791,8 @@ __device__ __forceinline__ void tile_cp_async_wait_all() {
 #endif
 }
 
-//
-// ST (with SR > 0, the streaming variant, for tensors beyond what registers and stash hold): rows
-// k >= MAXR + SR of a thread are read from memory in phase 1 before the held ones are loaded (two
-// at a time) and again in phase 3 after the held ones are written, so that the held packs are
-// never live across the streaming loops. MAXR + SR rows per thread are read once, the rest twice.
 template <typename T, int CT, int THREADS, int MAXR, int MB = kTileMergeBatch, bool ONCE = false,
-          int SR = 0, bool ST = false>
+          int SR = 0>
 __global__ void __launch_bounds__(THREADS, TileMinBlocks<T, THREADS>::value)
     bn_tile_nhwc(const T* __restrict__ x, T* __restrict__ y, uint8_t* __restrict__ mask,
                  FwdArgs<typename Acc<T>::type> f, typename Acc<T>::type* ws, int64_t* nbt,
@@ -848,8 +844,7 @@ __global__ void __launch_bounds__(THREADS, TileMinBlocks<T, THREADS>::value)
     if constexpr (SR == 0) {
       load_rows_welford<A, T, V, MAXR>(xc, r0, rstride, R, C, active, p, mean, m2, n);
     } else {
-      // as load_rows_welford, with the streamed rows first (ST: before the register rows are
-      // live) and the stashed rows last (their copies have had the longest)
+      // as load_rows_welford, then the stashed rows (their copies have had the longest)
       A K[V];
 #pragma unroll
       for (int i = 0; i < V; ++i) {
@@ -861,16 +856,6 @@ __global__ void __launch_bounds__(THREADS, TileMinBlocks<T, THREADS>::value)
         const Pack<T, V> k0 = *reinterpret_cast<const Pack<T, V>*>(xc);
 #pragma unroll
         for (int i = 0; i < V; ++i) K[i] = static_cast<A>(k0.v[i]);
-        if constexpr (ST) {
-          for (int64_t r = r0 + int64_t(MAXR + SR) * rstride; r < R; r += 2 * rstride) {
-            const Pack<T, V> q0 = *reinterpret_cast<const Pack<T, V>*>(xc + r * C);
-            const bool two = r + rstride < R;
-            Pack<T, V> q1;
-            if (two) q1 = *reinterpret_cast<const Pack<T, V>*>(xc + (r + rstride) * C);
-            welford_row<A, T, V>(q0, K, mean, m2, n);
-            if (two) welford_row<A, T, V>(q1, K, mean, m2, n);
-          }
-        }
 #pragma unroll
         for (int u = 0; u < MAXR; ++u)
           if (r0 + u * rstride < R)
@@ -1038,16 +1023,6 @@ __global__ void __launch_bounds__(THREADS, TileMinBlocks<T, THREADS>::value)
     for (int k = 0; k < SR; ++k) {
       const int64_t r = r0 + int64_t(MAXR + k) * rstride;
       if (r < R) put(stash[k * THREADS], r);
-    }
-  }
-  if constexpr (ST) {
-    for (int64_t r = r0 + int64_t(MAXR + SR) * rstride; r < R; r += 2 * rstride) {
-      const Pack<T, V> q0 = *reinterpret_cast<const Pack<T, V>*>(xc + r * C);
-      const bool two = r + rstride < R;
-      Pack<T, V> q1;
-      if (two) q1 = *reinterpret_cast<const Pack<T, V>*>(xc + (r + rstride) * C);
-      put(q0, r);
-      if (two) put(q1, r + rstride);
     }
   }
 }
@@ -1371,7 +1346,6 @@ struct TileGrid {
   int splits = 0;
   int waves = 0;
   int stash_rows = 0;  // rows per thread in shared memory (the stash variant), 0 for none
-  bool stream = false;  // the streaming variant (more rows than registers and stash hold)
 };
 
 // Splits of bn_tile_nhwc for R rows, C channels in tiles of ct, TY rows per block, sms SMs and
@@ -1446,24 +1420,18 @@ inline bool tile_once(const TileGrid& g) {
   return g.ct == 64 && g.splits >= kTileOnceSplits;
 }
 
-// Rows a thread keeps in shared memory in the stash variant (16-bit types): 16 packs of 16 bytes,
+// Rows a thread keeps in shared memory in the stash variant (float16 only): 16 packs of 16 bytes,
 // 64 KB per block of 256, so that 3 blocks still fit an SM of 228 KB next to the static shared
-// memory. CUDADOCTOR_OPS_BN_NHWC_TILE_STASH=0 turns the variant off (read once).
+// memory. CUDADOCTOR_OPS_BN_NHWC_TILE_STASH=0 turns the variant off (read once). On the H200 (two
+// runs, float16, us, stash / without): (64,256,28,28) 31.4 / 39.2, (64,1024,14,14) 28.6 / 38.9,
+// (64,2048,7,7) 21.0 / 26.6, (64,64,56,56) 32.2 / 35.7 (cuDNN 36.3, 33.2, 27.5, 31.3). bfloat16
+// stays on the kernels without it: (64,64,56,56) 39.3-44.3 against 34.6 us, (64,256,28,28) 38.2
+// against 36.6 us (both still about 2x torch's).
 constexpr int kTileStashRows = 16;
 constexpr size_t kTileStashBytes = size_t(kTileStashRows) * kTileThreads * 16;
 
 inline int tile_nhwc_stash_setting() {
   static const int v = env_switch("CUDADOCTOR_OPS_BN_NHWC_TILE_STASH");
-  return v;
-}
-
-// The streaming variant (see bn_tile_nhwc's ST) for channels-last 16-bit tensors above
-// kFusedMaxBytes and up to kTileStreamMaxBytes; CUDADOCTOR_OPS_BN_NHWC_TILE_STREAM=0 turns it off
-// (read once).
-constexpr int64_t kTileStreamMaxBytes = int64_t(128) << 20;
-
-inline int tile_nhwc_stream_setting() {
-  static const int v = env_switch("CUDADOCTOR_OPS_BN_NHWC_TILE_STREAM");
   return v;
 }
 
@@ -1473,20 +1441,13 @@ inline int tile_nhwc_mb() {
 }
 
 // The bn_tile_nhwc instantiation that runs: MB from tile_nhwc_mb for 16-bit types, else 4;
-// `once`: the ONCE kernel (at the default MB); `stash`: the stash variant (16-bit types; ONCE or
-// not, default MB; nullptr for float32).
+// `once`: the ONCE kernel (at the default MB); `stash`: the stash variant (float16; ONCE or
+// not, default MB; nullptr for other types).
 template <typename T, int CT>
-const void* tile_kernel(bool once = false, bool stash = false, bool stream = false) {
+const void* tile_kernel(bool once = false, bool stash = false) {
   constexpr int mbd = sizeof(T) == 2 ? kTileMergeBatch16 : kTileMergeBatch;
   if (stash) {
-    if constexpr (sizeof(T) == 2) {
-      if (stream) {
-        if (once)
-          return reinterpret_cast<const void*>(
-              bn_tile_nhwc<T, CT, kTileThreads, kTileMaxR, mbd, true, kTileStashRows, true>);
-        return reinterpret_cast<const void*>(
-            bn_tile_nhwc<T, CT, kTileThreads, kTileMaxR, mbd, false, kTileStashRows, true>);
-      }
+    if constexpr (std::is_same_v<T, c10::Half>) {
       if (once)
         return reinterpret_cast<const void*>(
             bn_tile_nhwc<T, CT, kTileThreads, kTileMaxR, mbd, true, kTileStashRows>);
@@ -1526,21 +1487,20 @@ TileGrid tile_grid_ct(int64_t R, int64_t C, int device) {
   return tile_grid(R, C, CT, TY, sm_count(device), per_sm, kTileMaxR);
 }
 
-// The stash variant's grid (16-bit types, where no register-only grid fits): every block the GPU
+// The stash variant's grid (float16, where no register-only grid fits): every block the GPU
 // holds at once, as many splits per tile as that gives (fewest rows per thread), as long as every
 // thread's rows fit kTileMaxR + kTileStashRows; g.stash_rows: the shared-memory rows in use.
 template <typename T, int CT>
-TileGrid tile_grid_stash(int64_t R, int64_t C, int device, bool stream = false) {
+TileGrid tile_grid_stash(int64_t R, int64_t C, int device) {
   TileGrid g;
-  if constexpr (sizeof(T) != 2) {
+  if constexpr (!std::is_same_v<T, c10::Half>) {
     return g;
   } else {
     if (tile_nhwc_stash_setting() == 0) return g;
     constexpr int V = 16 / int(sizeof(T));
     constexpr int TY = kTileThreads / (CT / V);
-    for (bool st : {false, true})
-      for (bool once : {false, true}) allow_stash_smem(tile_kernel<T, CT>(once, true, st), device);
-    const void* k0 = tile_kernel<T, CT>(false, true, stream);
+    for (bool once : {false, true}) allow_stash_smem(tile_kernel<T, CT>(once, true), device);
+    const void* k0 = tile_kernel<T, CT>(false, true);
     const int per_sm = blocks_per_sm(k0, kTileStashBytes, kTileThreads);
     g.ct = CT;
     g.tiles = (C + CT - 1) / CT;
@@ -1552,17 +1512,14 @@ TileGrid tile_grid_stash(int64_t R, int64_t C, int device, bool stream = false) 
     if (s > kMaxSplits) s = kMaxSplits;
     if (s < 1) return g;
     const int64_t rows = (R + s * TY - 1) / (s * TY);
-    if (rows > kTileMaxR + kTileStashRows && !stream) return g;
-    g.stream = rows > kTileMaxR + kTileStashRows;
+    if (rows > kTileMaxR + kTileStashRows) return g;
     g.splits = static_cast<int>(s);
     if (g.splits > kTileMaxSplits && !tile_once(g)) {
       g.splits = 0;
       return g;
     }
     g.waves = per_sm;
-    g.stash_rows = rows > kTileMaxR + kTileStashRows ? kTileStashRows
-                   : rows > kTileMaxR                ? static_cast<int>(rows - kTileMaxR)
-                                                     : 1;
+    g.stash_rows = rows > kTileMaxR ? static_cast<int>(rows - kTileMaxR) : 1;
     return g;
   }
 }
@@ -1586,7 +1543,7 @@ bool launch_tile_grid(const TileGrid& g, const T* x, T* y, uint8_t* mask,
   void* args[] = {const_cast<T**>(&x), &y, &mask, &f, &wsp, &nbt, &Rr, &Cc, &relu};
   const size_t smem = size_t(g.stash_rows) * kTileThreads * 16;
   return launch_cooperative(
-      tile_kernel<T, CT>(once, g.stash_rows > 0, g.stream),
+      tile_kernel<T, CT>(once, g.stash_rows > 0),
       dim3(static_cast<unsigned>(g.tiles), static_cast<unsigned>(g.splits)),
       dim3(TX, kTileThreads / TX), args, smem, stream);
 }
@@ -1599,7 +1556,7 @@ template <typename T>
 bool launch_tile_nhwc(const T* x, T* y, uint8_t* mask, FwdArgs<typename Acc<T>::type>& f,
                       int64_t* nbt, int64_t R, int64_t C, bool relu,
                       const at::TensorOptions& acc_opts, bool reserve_in_ws, int device,
-                      cudaStream_t stream, bool allow_stream = false) {
+                      cudaStream_t stream) {
   static_assert(sizeof(T) <= 4, "bn_tile_nhwc: float, float16, bfloat16");
   if (R < 1 || C < 1 || !cooperative_ok(device)) return false;
   const int forced = tile_nhwc_ct();
@@ -1608,8 +1565,8 @@ bool launch_tile_nhwc(const T* x, T* y, uint8_t* mask, FwdArgs<typename Acc<T>::
   if (forced != 32) g64 = tile_grid_ct<T, 64>(R, C, device);
   TileGrid g = tile_pick(g32, g64, C);
   if (g.splits < 1) {
-    if (forced != 64) g32 = tile_grid_stash<T, 32>(R, C, device, allow_stream);
-    if (forced != 32) g64 = tile_grid_stash<T, 64>(R, C, device, allow_stream);
+    if (forced != 64) g32 = tile_grid_stash<T, 32>(R, C, device);
+    if (forced != 32) g64 = tile_grid_stash<T, 64>(R, C, device);
     g = tile_pick(g32, g64, C);
   }
   if (g.splits < 1) return false;
@@ -1625,13 +1582,13 @@ bool launch_tile_nhwc(const T* x, T* y, uint8_t* mask, FwdArgs<typename Acc<T>::
 template <typename T, int V>
 bool launch_tile_nhwc_op(const Layout& l, const T* x, T* y, FwdArgs<typename Acc<T>::type>& f,
                          const at::TensorOptions& acc_opts, bool relu, int device,
-                         cudaStream_t stream, bool allow_stream = false) {
+                         cudaStream_t stream) {
   if constexpr (sizeof(T) > 4 || V != 16 / int(sizeof(T))) {
     return false;
   } else {
     if (tile_nhwc_setting() == 0) return false;
     return launch_tile_nhwc<T>(x, y, nullptr, f, nullptr, l.N * l.HW, l.C, relu, acc_opts, false,
-                               device, stream, allow_stream);
+                               device, stream);
   }
 }
 
@@ -1647,14 +1604,7 @@ bool launch_fused_nhwc(const Layout& l, const T* x, T* y, FwdArgs<typename Acc<T
   if (setting == 0) return false;
   const int64_t R = l.N * l.HW;
   const int64_t bytes = R * l.C * int64_t(sizeof(T));
-  if (setting < 0 && bytes > kFusedMaxBytes) {
-    // above kFusedMaxBytes only the streaming tile variant (16-bit types, up to
-    // kTileStreamMaxBytes)
-    if (sizeof(T) != 2 || bytes > kTileStreamMaxBytes || tile_nhwc_stream_setting() == 0 ||
-        !cooperative_ok(device))
-      return false;
-    return launch_tile_nhwc_op<T, V>(l, x, y, f, acc_opts, relu, device, stream, true);
-  }
+  if (setting < 0 && bytes > kFusedMaxBytes) return false;
   if (!cooperative_ok(device)) return false;
   if (launch_tile_nhwc_op<T, V>(l, x, y, f, acc_opts, relu, device, stream)) return true;
   if (launch_persist_nhwc<T, V>(l, x, y, f, acc_opts, relu, device, stream)) return true;
