@@ -1338,6 +1338,18 @@ inline int tile_nhwc_splits() {
 // and Conv+BN+ReLU (32,64,56,56)->64 at 396 splits no faster than its own three kernels.
 constexpr int64_t kTileMaxSplits = 256;
 
+inline int tile_nhwc_once_setting();
+
+// CUDADOCTOR_OPS_BN_NHWC_TILE_WIDE=1 (read once; default off, not yet timed on a GPU): register-only
+// grids of more than kTileMaxSplits splits where ONCE runs (each channel merged once, so the
+// splits no longer multiply every block's merge), e.g. Conv+BN+ReLU (32,64,56,56)->64 float16 in
+// one tile of 64 at 396 splits instead of two tiles of 32 at 198 splits every block of which
+// merges all 198 * 32 partials.
+inline bool tile_nhwc_wide() {
+  static const bool v = env_switch("CUDADOCTOR_OPS_BN_NHWC_TILE_WIDE") == 1;
+  return v;
+}
+
 // A grid of bn_tile_nhwc: tiles of ct channels, `splits` blocks per tile (0: no grid fits), at
 // most `waves` blocks per SM.
 struct TileGrid {
@@ -1381,7 +1393,9 @@ inline TileGrid tile_grid(int64_t R, int64_t C, int ct, int64_t ty, int sms, int
     if (s > kMaxSplits) s = kMaxSplits;
     if (s < 1) continue;
     if (rows(s) <= maxr) {
-      if (s > kTileMaxSplits) return g;  // see kTileMaxSplits
+      // see kTileMaxSplits; CUDADOCTOR_OPS_BN_NHWC_TILE_WIDE=1 lifts the cap where ONCE runs
+      if (s > kTileMaxSplits && !(tile_nhwc_wide() && s >= ct && tile_nhwc_once_setting() != 0))
+        return g;
       g.splits = static_cast<int>(s);
       g.waves = b;
       return g;

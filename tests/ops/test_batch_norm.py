@@ -742,6 +742,73 @@ def test_tile_nhwc_declines_grids_of_more_than_256_splits(ops):
     close(rv, erv, torch.float32, what="running_var")
 
 
+_WIDE_CHILD = textwrap.dedent(
+    """
+    import json, re
+    import torch
+    import cudadoctor_ops
+    from torch.profiler import ProfilerActivity, profile
+
+    shape = (32, 64, 56, 56)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    x = (torch.randn(shape, generator=g, dtype=torch.float64) * 2 + 0.5)
+    x = x.to(torch.float16).cuda().contiguous(memory_format=torch.channels_last)
+    w = (torch.rand(64, generator=g, dtype=torch.float64) + 0.5).float().cuda()
+    b = (torch.randn(64, generator=g, dtype=torch.float64) * 0.3).float().cuda()
+    rm = torch.zeros(64, device="cuda")
+    rv = torch.ones(64, device="cuda")
+    cudadoctor_ops.batch_norm(x, rm.clone(), rv.clone(), w, b, True, 0.1, 1e-5, activation="relu")
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        y = cudadoctor_ops.batch_norm(x, rm, rv, w, b, True, 0.1, 1e-5, activation="relu")
+        torch.cuda.synchronize()
+    targs = [re.search(r"bn_tile_nhwc<([^>]*)>", e.name) for e in prof.events()]
+    targs = [[a.strip() for a in m.group(1).split(",")] for m in targs if m]
+    x64 = x.double()
+    mean = x64.mean((0, 2, 3))
+    var = x64.var((0, 2, 3), unbiased=False)
+    n = x.numel() // 64
+    yr = torch.relu((x64 - mean[None, :, None, None]) / (var[None, :, None, None] + 1e-5).sqrt()
+                    * w.double()[None, :, None, None] + b.double()[None, :, None, None])
+    out = {
+        "kernels": targs,
+        "y": ((y.double() - yr).abs().max() / yr.abs().max()).item(),
+        "rm": ((rm.double() - 0.1 * mean).abs().max()).item(),
+        "rv": ((rv.double() - (0.9 + 0.1 * var * n / (n - 1))).abs().max()).item(),
+        "cl": y.is_contiguous(memory_format=torch.channels_last),
+    }
+    print(json.dumps(out))
+    """
+)
+
+
+def test_tile_nhwc_wide_grid_merges_once(ops):
+    """CUDADOCTOR_OPS_BN_NHWC_TILE_WIDE=1: (32,64,56,56) float16 channels_last (one tile of 64
+    channels over 100352 rows, <= 8 rows per thread only above 256 splits) runs bn_tile_nhwc in
+    tiles of 64 with ONCE instead of tiles of 32; output and running statistics against float64.
+    Needs a GPU with at least 100352 / (8 * 32) = 392 resident blocks of the kernel (the H200
+    holds 396), else the tiles of 32 run and the test skips."""
+    env = dict(os.environ, CUDADOCTOR_OPS_BN_NHWC_TILE_WIDE="1")
+    for var in ("CUDADOCTOR_OPS_BN_NHWC_TILE_SPLITS", "CUDADOCTOR_OPS_BN_NHWC_TILE_CT",
+                "CUDADOCTOR_OPS_BN_NHWC_TILE_ONCE", "CUDADOCTOR_OPS_BN_NHWC_TILE"):
+        env.pop(var, None)
+    env["PYTHONPATH"] = os.pathsep.join([str(pathlib.Path(ops.__file__).parents[1]), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", _WIDE_CHILD], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    import json
+
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert res["kernels"], "no bn_tile_nhwc kernel ran"
+    # <T, CT, THREADS, MAXR, MB, ONCE, SR>
+    if all(k[1] == "32" for k in res["kernels"]):
+        pytest.skip("this GPU holds fewer than 392 blocks of bn_tile_nhwc: the tiles of 32 ran")
+    assert all(k[1] == "64" and k[5] == "true" and k[6] == "0" for k in res["kernels"]), res["kernels"]
+    assert res["y"] <= 3e-2, res["y"]
+    assert res["rm"] <= 1e-5 and res["rv"] <= 1e-4, (res["rm"], res["rv"])
+    assert res["cl"]
+
+
 class _Passthrough(TorchDispatchMode):
     """Runs every op unchanged; its presence makes batch_norm take the dispatched two-op path."""
 
