@@ -8,7 +8,7 @@
          _STASH=0, CUDADOCTOR_OPS_CBR_TILE=0)
     dw   depthwise channels_last forward (CUDADOCTOR_OPS_DW_V4*, against impl=nhwc_v3 and v2)
     dwb  depthwise channels_last backward dX + dW (CUDADOCTOR_OPS_DW_WGRAD_V1 / _DGRAD_V1 / _V4)
-    dww  depthwise channels_last weight gradient alone (CUDADOCTOR_OPS_DW_WGRAD_PF), against
+    dww  depthwise channels_last weight gradient alone (CUDADOCTOR_OPS_DW_WGRAD_SMEM=1, _PF), against
          torch's convolution_backward for the weight alone
 
 Each line: the case, then ms per setting and torch's ms, and the ratio torch / ours per setting.
@@ -36,7 +36,8 @@ DW_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_V4_CFG": "3"}]
 DWB_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_WGRAD_V1": "1", "CUDADOCTOR_OPS_DW_DGRAD_V1": "1",
                      "CUDADOCTOR_OPS_DW_V4": "0"}]
 
-DWW_SETTINGS = [{"CUDADOCTOR_OPS_DW_WGRAD_PF": "1"}, {"CUDADOCTOR_OPS_DW_WGRAD_PF": "2"}]
+DWW_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "1"}, {"CUDADOCTOR_OPS_DW_WGRAD_PF": "1"},
+                {"CUDADOCTOR_OPS_DW_WGRAD_PF": "2"}]
 
 
 def _child(part: str) -> None:

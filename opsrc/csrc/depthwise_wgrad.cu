@@ -849,6 +849,290 @@ bool dispatch(DType dt, const void* go, const void* in, void* gw, void* gb, floa
 
 }  // namespace v2
 
+// ---------------------------------------------------------------------------
+// Channels_last, shared-memory staged (v3), 16-bit types, stride 1, small planes.
+// CUDADOCTOR_OPS_DW_WGRAD_SMEM=1 (read once) turns it on; default off (not yet timed on a GPU).
+//
+// Block = a group of 32 channels (64 bytes per pixel) and a run of whole images; threads
+// (16 channel pairs) x K kernel rows x SY row slices. Per image the block copies the input plane,
+// zero-padded by PH / PW on every side, and the dY plane into shared memory (cp.async, 16-byte
+// pieces; the halo is zeroed once), then thread (cp, kh, sy) walks output rows sy, sy + SY, ..:
+// along a row it keeps the K input pairs of the current window as float2 in a ring (one new
+// input pair and one dY pair per step, both from shared memory) and adds K taps x 2 channels.
+// Row pitches of both planes are odd numbers of pixels, so neighbouring kernel rows / output rows
+// in one warp fall into the other 16 banks. The block then sums its SY slices per (tap, channel)
+// in a fixed order and writes ws [blockIdx.x][K*K+1][C] as v2 does; wgrad_finish_v2 sums the
+// blocks. Where v2 (reading global memory, one kernel row of 4 channels per thread) is
+// latency-bound on 14x14 planes: 5x5 float16 (64,672,14,14) 105 us against cuDNN's 61 us.
+namespace v3 {
+
+constexpr int kCB = 32;       // channels per block
+constexpr int kPairs = kCB / 2;
+constexpr int kWords = kCB / 2;  // 32-bit words per pixel (two 16-bit channels each)
+constexpr size_t kMaxSmem = 48 * 1024;
+
+__device__ __forceinline__ void cp16(void* dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+#else
+  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+#endif
+}
+
+__device__ __forceinline__ void cp_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
+template <typename T>
+__device__ __forceinline__ float2 pair(uint32_t w) {
+  T t[2];
+  memcpy(t, &w, sizeof(w));
+  return make_float2(to_float(t[0]), to_float(t[1]));
+}
+
+struct Geo {
+  int Hp, Wp, pitchI, pitchG;  // padded input plane and the two row pitches (pixels)
+  size_t smem;                 // bytes: input plane, dY plane, at least the reduction
+};
+
+__host__ __device__ inline int odd_up(int v) { return v | 1; }
+
+inline Geo geometry(const FastShape& s, int K, int SY) {
+  Geo g;
+  g.Hp = s.H + 2 * s.PH;
+  g.Wp = s.W + 2 * s.PW;
+  g.pitchI = odd_up(g.Wp);
+  g.pitchG = odd_up(s.Wo);
+  const size_t planes =
+      (static_cast<size_t>(g.Hp) * g.pitchI + static_cast<size_t>(s.Ho) * g.pitchG) * kWords * 4;
+  const size_t red = static_cast<size_t>(SY) * (K * K + 1) * kCB * sizeof(float);
+  g.smem = planes > red ? planes : red;
+  return g;
+}
+
+template <typename T, int K>
+__global__ void __launch_bounds__(kPairs * K * (K == 3 ? 5 : K == 5 ? 3 : 2))
+    wgrad_nhwc_v3(const T* __restrict__ go, const T* __restrict__ in, float* __restrict__ ws,
+                  int N, int C, int H, int W, int Ho, int Wo, int PH, int PW, int Hp, int Wp,
+                  int pitchI, int pitchG) {
+  constexpr int KK = K * K;
+  extern __shared__ __align__(16) uint32_t v3_smem[];
+  const int SY = blockDim.z;
+  const int cp = threadIdx.x, kh = threadIdx.y, sy = threadIdx.z;
+  const int tid = (sy * K + kh) * kPairs + cp;
+  const int nthr = kPairs * K * SY;
+  const int c0 = blockIdx.y * kCB;
+  uint32_t* sIn = v3_smem;                                    // [Hp][pitchI][kWords]
+  uint32_t* sG = v3_smem + static_cast<size_t>(Hp) * pitchI * kWords;  // [Ho][pitchG][kWords]
+  const bool bias = kh == 0;
+  // images of this block
+  const int n0 = static_cast<int>(static_cast<int64_t>(blockIdx.x) * N / gridDim.x);
+  const int n1 = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * N / gridDim.x);
+
+  // the halo (and the pitch padding) is zero for good: the copies below write the interior only
+  for (int i = tid; i < Hp * pitchI; i += nthr) {
+    const int py = i / pitchI, px = i - py * pitchI;
+    const bool interior = py >= PH && py < PH + H && px >= PW && px < PW + W;
+    if (!interior) {
+#pragma unroll
+      for (int w = 0; w < kWords; ++w) sIn[static_cast<size_t>(i) * kWords + w] = 0u;
+    }
+  }
+
+  float2 acc[K];
+  float2 bacc = make_float2(0.f, 0.f);
+#pragma unroll
+  for (int k = 0; k < K; ++k) acc[k] = make_float2(0.f, 0.f);
+
+  constexpr int kPieces = kCB * int(sizeof(T)) / 16;  // 16-byte pieces per pixel
+  for (int n = n0; n < n1; ++n) {
+    // ---- stage the input and dY planes of image n, channels c0 .. c0 + 31 ----
+    const T* xin = in + static_cast<int64_t>(n) * H * W * C + c0;
+    for (int i = tid; i < H * W * kPieces; i += nthr) {
+      const int pix = i / kPieces, q = i - pix * kPieces;
+      const int y = pix / W, x = pix - y * W;
+      uint32_t* dst = sIn + (static_cast<size_t>(y + PH) * pitchI + (x + PW)) * kWords + q * 4;
+      if (c0 + q * 8 < C)
+        cp16(dst, xin + static_cast<int64_t>(pix) * C + q * 8);
+      else
+        *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
+    }
+    const T* gin = go + static_cast<int64_t>(n) * Ho * Wo * C + c0;
+    for (int i = tid; i < Ho * Wo * kPieces; i += nthr) {
+      const int pix = i / kPieces, q = i - pix * kPieces;
+      const int y = pix / Wo, x = pix - y * Wo;
+      uint32_t* dst = sG + (static_cast<size_t>(y) * pitchG + x) * kWords + q * 4;
+      if (c0 + q * 8 < C)
+        cp16(dst, gin + static_cast<int64_t>(pix) * C + q * 8);
+      else
+        *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
+    }
+    cp_wait_all();
+    __syncthreads();
+
+    // ---- taps of kernel row kh for channel pair cp over output rows sy, sy + SY, .. ----
+    for (int oy = sy; oy < Ho; oy += SY) {
+      const uint32_t* ir = sIn + static_cast<size_t>(oy + kh) * pitchI * kWords + cp;
+      const uint32_t* gr = sG + static_cast<size_t>(oy) * pitchG * kWords + cp;
+      float2 win[K];
+#pragma unroll
+      for (int j = 0; j < K - 1; ++j) win[j] = pair<T>(ir[j * kWords]);
+      for (int ox0 = 0; ox0 < Wo; ox0 += K) {
+#pragma unroll
+        for (int u = 0; u < K; ++u) {
+          if (ox0 + u < Wo) {
+            win[(u + K - 1) % K] = pair<T>(ir[(ox0 + u + K - 1) * kWords]);
+            const float2 g = pair<T>(gr[(ox0 + u) * kWords]);
+#pragma unroll
+            for (int kw = 0; kw < K; ++kw) {
+              acc[kw].x = fmaf(g.x, win[(u + kw) % K].x, acc[kw].x);
+              acc[kw].y = fmaf(g.y, win[(u + kw) % K].y, acc[kw].y);
+            }
+            if (bias) {
+              bacc.x += g.x;
+              bacc.y += g.y;
+            }
+          }
+        }
+      }
+    }
+    __syncthreads();  // the planes are rewritten for the next image
+  }
+
+  // ---- sum the SY slices per (tap, channel) in sy order; ws[blockIdx.x][tap][c] ----
+  float* red = reinterpret_cast<float*>(v3_smem);  // [SY][KK + 1][kCB]
+  {
+    float* r = red + static_cast<size_t>(sy) * (KK + 1) * kCB + 2 * cp;
+#pragma unroll
+    for (int kw = 0; kw < K; ++kw) {
+      r[(kh * K + kw) * kCB] = acc[kw].x;
+      r[(kh * K + kw) * kCB + 1] = acc[kw].y;
+    }
+    if (bias) {
+      r[KK * kCB] = bacc.x;
+      r[KK * kCB + 1] = bacc.y;
+    }
+  }
+  __syncthreads();
+  float* wsb = ws + static_cast<int64_t>(blockIdx.x) * (KK + 1) * C;
+  for (int i = tid; i < (KK + 1) * kCB; i += nthr) {
+    const int tap = i / kCB, ch = i - tap * kCB;
+    float sum = 0.f;
+    for (int y = 0; y < SY; ++y) sum += red[(static_cast<size_t>(y) * (KK + 1) + tap) * kCB + ch];
+    if (c0 + ch < C) wsb[static_cast<int64_t>(tap) * C + c0 + ch] = sum;
+  }
+}
+
+constexpr int slices(int K) { return K == 3 ? 5 : K == 5 ? 3 : 2; }
+
+bool enabled() {
+  static const bool v = [] {
+    const char* e = std::getenv("CUDADOCTOR_OPS_DW_WGRAD_SMEM");
+    return e != nullptr && e[0] == '1';
+  }();
+  return v;
+}
+
+template <typename T, int K>
+const void* kernel_ptr() {
+  return reinterpret_cast<const void*>(&wgrad_nhwc_v3<T, K>);
+}
+
+const void* kernel_for(DType dt, int K) {
+#define CDO_DW_V3K(T)                                 \
+  if (K == 3) return kernel_ptr<T, 3>();              \
+  if (K == 5) return kernel_ptr<T, 5>();              \
+  if (K == 7) return kernel_ptr<T, 7>();              \
+  return nullptr;
+  switch (dt) {
+    case DType::F16: {
+      CDO_DW_V3K(c10::Half)
+    }
+    case DType::BF16: {
+      CDO_DW_V3K(c10::BFloat16)
+    }
+    default:
+      return nullptr;
+  }
+#undef CDO_DW_V3K
+}
+
+struct Plan {
+  Geo geo;
+  int SY = 0, gx = 0, gy = 0;
+};
+
+// Applicability (16-bit, stride 1, K 3/5/7, C % 8 == 0, both planes within 48 KB of shared
+// memory, switch on) and the grid: one wave of resident blocks at most, whole images per block,
+// as few blocks as give the same images per block.
+bool plan_for(DType dt, const FastShape& s, Plan& p) {
+  if (!enabled() || dt == DType::F32 || s.S != 1 || s.C % 8 != 0) return false;
+  if (!(s.K == 3 || s.K == 5 || s.K == 7)) return false;
+  if (s.N <= 0 || s.H <= 0 || s.W <= 0 || s.Ho <= 0 || s.Wo <= 0) return false;
+  if (s.Ho != s.H + 2 * s.PH - s.K + 1 || s.Wo != s.W + 2 * s.PW - s.K + 1) return false;
+  p.SY = slices(s.K);
+  p.geo = geometry(s, s.K, p.SY);
+  if (p.geo.smem > kMaxSmem) return false;
+  p.gy = (s.C + kCB - 1) / kCB;
+  if (p.gy > 65535) return false;
+  const void* kern = kernel_for(dt, s.K);
+  if (kern == nullptr) return false;
+  const int threads = kPairs * s.K * p.SY;
+  const int64_t wave = static_cast<int64_t>(current_sm_count()) *
+                       resident_blocks_per_sm(kern, threads, p.geo.smem);
+  int64_t gxw = (wave + p.gy - 1) / p.gy;
+  if (gxw < 1) gxw = 1;
+  if (gxw > s.N) gxw = s.N;
+  const int64_t per_block = (s.N + gxw - 1) / gxw;
+  p.gx = static_cast<int>((s.N + per_block - 1) / per_block);
+  return p.gx >= 1;
+}
+
+int64_t workspace(const FastShape& s, const Plan& p) {
+  return static_cast<int64_t>(p.gx) * (static_cast<int64_t>(s.K) * s.K + 1) * s.C;
+}
+
+template <typename T, int K>
+void run(const void* go, const void* in, void* gw, void* gb, float* ws, const FastShape& s,
+         const Plan& p, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(p.gx), static_cast<unsigned>(p.gy)), block(kPairs, K, p.SY);
+  wgrad_nhwc_v3<T, K><<<grid, block, p.geo.smem, stream>>>(
+      static_cast<const T*>(go), static_cast<const T*>(in), ws, s.N, s.C, s.H, s.W, s.Ho, s.Wo,
+      s.PH, s.PW, p.geo.Hp, p.geo.Wp, p.geo.pitchI, p.geo.pitchG);
+  constexpr int KK = K * K;
+  const int64_t J = static_cast<int64_t>(KK + 1) * s.C;
+  int RY = 1;
+  while (RY < 32 && 2 * RY <= (p.gx + 1) / 2) RY *= 2;
+  v2::wgrad_finish_v2<T><<<static_cast<unsigned>((J + 31) / 32), dim3(32, RY), 0, stream>>>(
+      ws, static_cast<T*>(gw), static_cast<T*>(gb), s.C, p.gx, KK);
+}
+
+bool dispatch(DType dt, const void* go, const void* in, void* gw, void* gb, float* ws,
+              const FastShape& s, const Plan& p, cudaStream_t stream) {
+#define CDO_DW_V3(T)                                                   \
+  if (s.K == 3) { run<T, 3>(go, in, gw, gb, ws, s, p, stream); return true; } \
+  if (s.K == 5) { run<T, 5>(go, in, gw, gb, ws, s, p, stream); return true; } \
+  if (s.K == 7) { run<T, 7>(go, in, gw, gb, ws, s, p, stream); return true; } \
+  return false;
+  switch (dt) {
+    case DType::F16: {
+      CDO_DW_V3(c10::Half)
+    }
+    case DType::BF16: {
+      CDO_DW_V3(c10::BFloat16)
+    }
+    default:
+      return false;
+  }
+#undef CDO_DW_V3
+}
+
+}  // namespace v3
+
 // CUDADOCTOR_OPS_DW_WGRAD_V1=1 (read once): the channels_last weight gradient
 // runs the first-generation kernels.
 bool wgrad_v1_forced() {
@@ -872,6 +1156,9 @@ int64_t wgrad_workspace(DType dt, bool channels_last, const FastShape& s) {
   int64_t need = 0;
   v2::Plan p;
   if (!wgrad_v1_forced() && v2::plan_for(dt, s, p)) need = v2::workspace(s, p);
+  v3::Plan p3;
+  if (!wgrad_v1_forced() && v3::plan_for(dt, s, p3) && v3::workspace(s, p3) > need)
+    need = v3::workspace(s, p3);
   const int V = vec_for(dt, s.K);
   if (s.C % V == 0) {
     const int64_t v1 = static_cast<int64_t>(s.C) * plan_nhwc(s, V).gx * taps;
@@ -885,6 +1172,10 @@ bool launch_wgrad(DType dt, bool channels_last, const void* go, const void* in,
                   cudaStream_t stream) {
   if (wgrad_workspace(dt, channels_last, s) == 0) return false;
   if (channels_last && !wgrad_v1_forced()) {
+    v3::Plan p3;
+    if (v3::plan_for(dt, s, p3) && !(reinterpret_cast<uintptr_t>(go) & 15u) &&
+        !(reinterpret_cast<uintptr_t>(in) & 15u))
+      return v3::dispatch(dt, go, in, gw, gb, ws, s, p3, stream);
     v2::Plan p;
     const uintptr_t mask = static_cast<uintptr_t>(v2::vec_v2(dt, s.K) * (dt == DType::F32 ? 4 : 2) - 1);
     if (v2::plan_for(dt, s, p) && !(reinterpret_cast<uintptr_t>(go) & mask) &&

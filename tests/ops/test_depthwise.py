@@ -1278,7 +1278,8 @@ for case in small:
 for case in large:
     res[f"{case}|float16"] = bwd2_errors(tuple(case), torch.float16)
 names = cuda_kernel_names(lambda: bwd2_run((2, 24, 13, 13, 3, 2, 1), torch.float16))
-print(json.dumps({"errors": res, "kernels": names}))
+names_s1 = cuda_kernel_names(lambda: bwd2_run((2, 24, 13, 13, 5, 1, 2), torch.float16))
+print(json.dumps({"errors": res, "kernels": names, "kernels_s1": names_s1}))
 '''
 
 _BWD2_SWITCHES = [
@@ -1290,6 +1291,7 @@ _BWD2_SWITCHES = [
     {"CUDADOCTOR_OPS_DW_WGRAD_PF": "0"},
     {"CUDADOCTOR_OPS_DW_WGRAD_PF": "1"},
     {"CUDADOCTOR_OPS_DW_WGRAD_PF": "2"},
+    {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "1"},
 ]
 
 
@@ -1306,7 +1308,8 @@ def test_bwd2_kernel_switches_in_subprocess(switches):
 
     env = {k: v for k, v in os.environ.items()
            if k not in ("CUDADOCTOR_OPS_DW_WGRAD_V1", "CUDADOCTOR_OPS_DW_DGRAD_V1",
-                        "CUDADOCTOR_OPS_DW_WGRAD_PF", "CUDADOCTOR_OPS_DEPTHWISE_IMPL")}
+                        "CUDADOCTOR_OPS_DW_WGRAD_PF", "CUDADOCTOR_OPS_DW_WGRAD_SMEM",
+                        "CUDADOCTOR_OPS_DEPTHWISE_IMPL")}
     env.update(switches)
     pkg_parent = str(pathlib.Path(cudadoctor_ops.__file__).resolve().parents[1])
     env["PYTHONPATH"] = pkg_parent + os.pathsep + env.get("PYTHONPATH", "")
@@ -1334,6 +1337,12 @@ def test_bwd2_kernel_switches_in_subprocess(switches):
     assert any("wgrad_nhwc<" in n for n in ours) == wgrad_v1, ours
     assert any("bwd_input_nhwc_s2<" in n for n in ours) == (not dgrad_v1), ours
     assert any("bwd_input_nhwc<" in n for n in ours) == dgrad_v1, ours
+    # the shared-memory weight gradient (stride 1, 16-bit, small planes) only when switched on;
+    # the stride-2 case above stays on v2 either way
+    s1 = [n for n in out["kernels_s1"] or [] if "cudadoctor_ops" in n and "wgrad" in n]
+    smem = switches.get("CUDADOCTOR_OPS_DW_WGRAD_SMEM") == "1"
+    if s1:
+        assert any("wgrad_nhwc_v3<c10::Half, 5>" in n for n in s1) == smem, s1
     pf = switches.get("CUDADOCTOR_OPS_DW_WGRAD_PF")
     if pf is not None:
         # wgrad_nhwc_v2<T, K, S, V, PF>: the float16 3x3 stride-2 case runs V = 8
