@@ -850,20 +850,23 @@ bool dispatch(DType dt, const void* go, const void* in, void* gw, void* gb, floa
 }  // namespace v2
 
 // ---------------------------------------------------------------------------
-// Channels_last, shared-memory staged (v3), 16-bit types, stride 1, small planes.
+// Channels_last, shared-memory staged (v3), 16-bit types, stride 1.
 // CUDADOCTOR_OPS_DW_WGRAD_SMEM=1 (read once) turns it on; default off (not yet timed on a GPU).
 //
-// Block = a group of 32 channels (64 bytes per pixel) and a run of whole images; threads
-// (16 channel pairs) x K kernel rows x SY row slices. Per image the block copies the input plane,
-// zero-padded by PH / PW on every side, and the dY plane into shared memory (cp.async, 16-byte
-// pieces; the halo is zeroed once), then thread (cp, kh, sy) walks output rows sy, sy + SY, ..:
-// along a row it keeps the K input pairs of the current window as float2 in a ring (one new
-// input pair and one dY pair per step, both from shared memory) and adds K taps x 2 channels.
-// Row pitches of both planes are odd numbers of pixels, so neighbouring kernel rows / output rows
-// in one warp fall into the other 16 banks. The block then sums its SY slices per (tap, channel)
-// in a fixed order and writes ws [blockIdx.x][K*K+1][C] as v2 does; wgrad_finish_v2 sums the
-// blocks. Where v2 (reading global memory, one kernel row of 4 channels per thread) is
-// latency-bound on 14x14 planes: 5x5 float16 (64,672,14,14) 105 us against cuDNN's 61 us.
+// Block = a group of 32 channels (64 bytes per pixel) and a run of work units, a unit being a
+// band of TH output rows of one image (the whole image where both planes fit 48 KB of shared
+// memory, e.g. 14x14 and 7x7; bands of 8 rows at 28x28 5x5). Threads: (16 channel pairs) x K
+// kernel rows x SY row slices. Per unit the block copies the band's TH + K - 1 input rows,
+// zero-padded by PW on both sides (rows above or below the image zeroed), and its TH dY rows into
+// shared memory (cp.async, 16-byte pieces; the side halo is zeroed once), then thread
+// (cp, kh, sy) walks the band's output rows sy, sy + SY, ..: along a row it keeps the K input
+// pairs of the current window as float2 in a ring (one new input pair and one dY pair per step,
+// both from shared memory) and adds K taps x 2 channels. Row pitches of both planes are odd
+// numbers of pixels, so neighbouring kernel rows / output rows in one warp fall into the other
+// 16 banks. The block then sums its SY slices per (tap, channel) in a fixed order and writes
+// ws [blockIdx.x][K*K+1][C] as v2 does; wgrad_finish_v2 sums the blocks. Where v2 (reading global
+// memory, one kernel row of 4 channels per thread) is latency-bound on 14x14 planes: 5x5 float16
+// (64,672,14,14) 105 us against cuDNN's 61 us.
 namespace v3 {
 
 constexpr int kCB = 32;       // channels per block
@@ -895,20 +898,33 @@ __device__ __forceinline__ float2 pair(uint32_t w) {
 }
 
 struct Geo {
-  int Hp, Wp, pitchI, pitchG;  // padded input plane and the two row pitches (pixels)
-  size_t smem;                 // bytes: input plane, dY plane, at least the reduction
+  int Wp, pitchI, pitchG;  // padded input row width and the two row pitches (pixels)
+  int TH, bands;           // output rows per unit, units per image
+  size_t smem;             // bytes: the band's input and dY rows, at least the reduction
 };
 
 __host__ __device__ inline int odd_up(int v) { return v | 1; }
 
+inline size_t band_bytes(int TH, int K, int pitchI, int pitchG) {
+  return (static_cast<size_t>(TH + K - 1) * pitchI + static_cast<size_t>(TH) * pitchG) * kWords * 4;
+}
+
+// The band height: all Ho rows where they fit kMaxSmem, else as even bands as the largest
+// fitting height allows; TH = 0 when not even one row fits.
 inline Geo geometry(const FastShape& s, int K, int SY) {
   Geo g;
-  g.Hp = s.H + 2 * s.PH;
   g.Wp = s.W + 2 * s.PW;
   g.pitchI = odd_up(g.Wp);
   g.pitchG = odd_up(s.Wo);
-  const size_t planes =
-      (static_cast<size_t>(g.Hp) * g.pitchI + static_cast<size_t>(s.Ho) * g.pitchG) * kWords * 4;
+  int most = s.Ho;
+  while (most > 0 && band_bytes(most, K, g.pitchI, g.pitchG) > kMaxSmem) --most;
+  g.TH = 0;
+  g.bands = 0;
+  g.smem = 0;
+  if (most < 1) return g;
+  g.bands = (s.Ho + most - 1) / most;
+  g.TH = (s.Ho + g.bands - 1) / g.bands;
+  const size_t planes = band_bytes(g.TH, K, g.pitchI, g.pitchG);
   const size_t red = static_cast<size_t>(SY) * (K * K + 1) * kCB * sizeof(float);
   g.smem = planes > red ? planes : red;
   return g;
@@ -917,8 +933,8 @@ inline Geo geometry(const FastShape& s, int K, int SY) {
 template <typename T, int K>
 __global__ void __launch_bounds__(kPairs * K * (K == 3 ? 5 : K == 5 ? 3 : 2))
     wgrad_nhwc_v3(const T* __restrict__ go, const T* __restrict__ in, float* __restrict__ ws,
-                  int N, int C, int H, int W, int Ho, int Wo, int PH, int PW, int Hp, int Wp,
-                  int pitchI, int pitchG) {
+                  int C, int H, int W, int Ho, int Wo, int PH, int PW, int Wp, int pitchI,
+                  int pitchG, int TH, int bands, int64_t units) {
   constexpr int KK = K * K;
   extern __shared__ __align__(16) uint32_t v3_smem[];
   const int SY = blockDim.z;
@@ -926,18 +942,18 @@ __global__ void __launch_bounds__(kPairs * K * (K == 3 ? 5 : K == 5 ? 3 : 2))
   const int tid = (sy * K + kh) * kPairs + cp;
   const int nthr = kPairs * K * SY;
   const int c0 = blockIdx.y * kCB;
-  uint32_t* sIn = v3_smem;                                    // [Hp][pitchI][kWords]
-  uint32_t* sG = v3_smem + static_cast<size_t>(Hp) * pitchI * kWords;  // [Ho][pitchG][kWords]
+  const int RI = TH + K - 1;  // input rows of a band
+  uint32_t* sIn = v3_smem;                                         // [RI][pitchI][kWords]
+  uint32_t* sG = v3_smem + static_cast<size_t>(RI) * pitchI * kWords;  // [TH][pitchG][kWords]
   const bool bias = kh == 0;
-  // images of this block
-  const int n0 = static_cast<int>(static_cast<int64_t>(blockIdx.x) * N / gridDim.x);
-  const int n1 = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * N / gridDim.x);
+  const int64_t u0 = static_cast<int64_t>(blockIdx.x) * units / gridDim.x;
+  const int64_t u1 = static_cast<int64_t>(blockIdx.x + 1) * units / gridDim.x;
 
-  // the halo (and the pitch padding) is zero for good: the copies below write the interior only
-  for (int i = tid; i < Hp * pitchI; i += nthr) {
-    const int py = i / pitchI, px = i - py * pitchI;
-    const bool interior = py >= PH && py < PH + H && px >= PW && px < PW + W;
-    if (!interior) {
+  // the side halo (and the pitch padding) is zero for good: the copies write columns
+  // PW .. PW + W - 1 only
+  for (int i = tid; i < RI * pitchI; i += nthr) {
+    const int px = i % pitchI;
+    if (px < PW || px >= PW + W) {
 #pragma unroll
       for (int w = 0; w < kWords; ++w) sIn[static_cast<size_t>(i) * kWords + w] = 0u;
     }
@@ -949,23 +965,28 @@ __global__ void __launch_bounds__(kPairs * K * (K == 3 ? 5 : K == 5 ? 3 : 2))
   for (int k = 0; k < K; ++k) acc[k] = make_float2(0.f, 0.f);
 
   constexpr int kPieces = kCB * int(sizeof(T)) / 16;  // 16-byte pieces per pixel
-  for (int n = n0; n < n1; ++n) {
-    // ---- stage the input and dY planes of image n, channels c0 .. c0 + 31 ----
-    const T* xin = in + static_cast<int64_t>(n) * H * W * C + c0;
-    for (int i = tid; i < H * W * kPieces; i += nthr) {
+  for (int64_t u = u0; u < u1; ++u) {
+    const int64_t n = u / bands;
+    const int oy0 = static_cast<int>(u - n * bands) * TH;
+    const int rows = min(TH, Ho - oy0);  // output rows of this band
+    const int rin = rows + K - 1;
+    // ---- stage the band: input rows oy0 - PH .. (zeros outside the image), dY rows oy0 .. ----
+    const T* xin = in + n * H * W * C + c0;
+    for (int i = tid; i < rin * W * kPieces; i += nthr) {
       const int pix = i / kPieces, q = i - pix * kPieces;
-      const int y = pix / W, x = pix - y * W;
-      uint32_t* dst = sIn + (static_cast<size_t>(y + PH) * pitchI + (x + PW)) * kWords + q * 4;
-      if (c0 + q * 8 < C)
-        cp16(dst, xin + static_cast<int64_t>(pix) * C + q * 8);
+      const int r = pix / W, x = pix - r * W;
+      const int iy = oy0 + r - PH;
+      uint32_t* dst = sIn + (static_cast<size_t>(r) * pitchI + (x + PW)) * kWords + q * 4;
+      if (iy >= 0 && iy < H && c0 + q * 8 < C)
+        cp16(dst, xin + (static_cast<int64_t>(iy) * W + x) * C + q * 8);
       else
         *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
     }
-    const T* gin = go + static_cast<int64_t>(n) * Ho * Wo * C + c0;
-    for (int i = tid; i < Ho * Wo * kPieces; i += nthr) {
+    const T* gin = go + (n * Ho + oy0) * Wo * C + c0;
+    for (int i = tid; i < rows * Wo * kPieces; i += nthr) {
       const int pix = i / kPieces, q = i - pix * kPieces;
-      const int y = pix / Wo, x = pix - y * Wo;
-      uint32_t* dst = sG + (static_cast<size_t>(y) * pitchG + x) * kWords + q * 4;
+      const int r = pix / Wo, x = pix - r * Wo;
+      uint32_t* dst = sG + (static_cast<size_t>(r) * pitchG + x) * kWords + q * 4;
       if (c0 + q * 8 < C)
         cp16(dst, gin + static_cast<int64_t>(pix) * C + q * 8);
       else
@@ -974,8 +995,8 @@ __global__ void __launch_bounds__(kPairs * K * (K == 3 ? 5 : K == 5 ? 3 : 2))
     cp_wait_all();
     __syncthreads();
 
-    // ---- taps of kernel row kh for channel pair cp over output rows sy, sy + SY, .. ----
-    for (int oy = sy; oy < Ho; oy += SY) {
+    // ---- taps of kernel row kh for channel pair cp over the band's rows sy, sy + SY, .. ----
+    for (int oy = sy; oy < rows; oy += SY) {
       const uint32_t* ir = sIn + static_cast<size_t>(oy + kh) * pitchI * kWords + cp;
       const uint32_t* gr = sG + static_cast<size_t>(oy) * pitchG * kWords + cp;
       float2 win[K];
@@ -983,14 +1004,14 @@ __global__ void __launch_bounds__(kPairs * K * (K == 3 ? 5 : K == 5 ? 3 : 2))
       for (int j = 0; j < K - 1; ++j) win[j] = pair<T>(ir[j * kWords]);
       for (int ox0 = 0; ox0 < Wo; ox0 += K) {
 #pragma unroll
-        for (int u = 0; u < K; ++u) {
-          if (ox0 + u < Wo) {
-            win[(u + K - 1) % K] = pair<T>(ir[(ox0 + u + K - 1) * kWords]);
-            const float2 g = pair<T>(gr[(ox0 + u) * kWords]);
+        for (int u2 = 0; u2 < K; ++u2) {
+          if (ox0 + u2 < Wo) {
+            win[(u2 + K - 1) % K] = pair<T>(ir[(ox0 + u2 + K - 1) * kWords]);
+            const float2 g = pair<T>(gr[(ox0 + u2) * kWords]);
 #pragma unroll
             for (int kw = 0; kw < K; ++kw) {
-              acc[kw].x = fmaf(g.x, win[(u + kw) % K].x, acc[kw].x);
-              acc[kw].y = fmaf(g.y, win[(u + kw) % K].y, acc[kw].y);
+              acc[kw].x = fmaf(g.x, win[(u2 + kw) % K].x, acc[kw].x);
+              acc[kw].y = fmaf(g.y, win[(u2 + kw) % K].y, acc[kw].y);
             }
             if (bias) {
               bacc.x += g.x;
@@ -1000,7 +1021,7 @@ __global__ void __launch_bounds__(kPairs * K * (K == 3 ? 5 : K == 5 ? 3 : 2))
         }
       }
     }
-    __syncthreads();  // the planes are rewritten for the next image
+    __syncthreads();  // the band is rewritten for the next unit
   }
 
   // ---- sum the SY slices per (tap, channel) in sy order; ws[blockIdx.x][tap][c] ----
@@ -1064,11 +1085,12 @@ const void* kernel_for(DType dt, int K) {
 struct Plan {
   Geo geo;
   int SY = 0, gx = 0, gy = 0;
+  int64_t units = 0;
 };
 
-// Applicability (16-bit, stride 1, K 3/5/7, C % 8 == 0, both planes within 48 KB of shared
-// memory, switch on) and the grid: one wave of resident blocks at most, whole images per block,
-// as few blocks as give the same images per block.
+// Applicability (16-bit, stride 1, K 3/5/7, C % 8 == 0, at least one band row within kMaxSmem,
+// switch on) and the grid: at most one wave of resident blocks, as few blocks as give the same
+// units (bands) per block.
 bool plan_for(DType dt, const FastShape& s, Plan& p) {
   if (!enabled() || dt == DType::F32 || s.S != 1 || s.C % 8 != 0) return false;
   if (!(s.K == 3 || s.K == 5 || s.K == 7)) return false;
@@ -1076,7 +1098,7 @@ bool plan_for(DType dt, const FastShape& s, Plan& p) {
   if (s.Ho != s.H + 2 * s.PH - s.K + 1 || s.Wo != s.W + 2 * s.PW - s.K + 1) return false;
   p.SY = slices(s.K);
   p.geo = geometry(s, s.K, p.SY);
-  if (p.geo.smem > kMaxSmem) return false;
+  if (p.geo.TH < 1) return false;
   p.gy = (s.C + kCB - 1) / kCB;
   if (p.gy > 65535) return false;
   const void* kern = kernel_for(dt, s.K);
@@ -1084,11 +1106,12 @@ bool plan_for(DType dt, const FastShape& s, Plan& p) {
   const int threads = kPairs * s.K * p.SY;
   const int64_t wave = static_cast<int64_t>(current_sm_count()) *
                        resident_blocks_per_sm(kern, threads, p.geo.smem);
+  p.units = static_cast<int64_t>(s.N) * p.geo.bands;
   int64_t gxw = (wave + p.gy - 1) / p.gy;
   if (gxw < 1) gxw = 1;
-  if (gxw > s.N) gxw = s.N;
-  const int64_t per_block = (s.N + gxw - 1) / gxw;
-  p.gx = static_cast<int>((s.N + per_block - 1) / per_block);
+  if (gxw > p.units) gxw = p.units;
+  const int64_t per_block = (p.units + gxw - 1) / gxw;
+  p.gx = static_cast<int>((p.units + per_block - 1) / per_block);
   return p.gx >= 1;
 }
 
@@ -1101,8 +1124,8 @@ void run(const void* go, const void* in, void* gw, void* gb, float* ws, const Fa
          const Plan& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.gx), static_cast<unsigned>(p.gy)), block(kPairs, K, p.SY);
   wgrad_nhwc_v3<T, K><<<grid, block, p.geo.smem, stream>>>(
-      static_cast<const T*>(go), static_cast<const T*>(in), ws, s.N, s.C, s.H, s.W, s.Ho, s.Wo,
-      s.PH, s.PW, p.geo.Hp, p.geo.Wp, p.geo.pitchI, p.geo.pitchG);
+      static_cast<const T*>(go), static_cast<const T*>(in), ws, s.C, s.H, s.W, s.Ho, s.Wo, s.PH,
+      s.PW, p.geo.Wp, p.geo.pitchI, p.geo.pitchG, p.geo.TH, p.geo.bands, p.units);
   constexpr int KK = K * K;
   const int64_t J = static_cast<int64_t>(KK + 1) * s.C;
   int RY = 1;
