@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "batch_norm.h"
+#include "async_copy.cuh"
 #include "batch_norm_common.cuh"
 
 namespace cg = cooperative_groups;
@@ -140,12 +141,12 @@ __device__ __forceinline__ void welford_row(const Pack<T, V>& p, const A (&K)[V]
 // thread loads its packs of rows r0, r0 + rstride, .. (< R; at most MAXR) into p, all loads
 // issued before any arithmetic, and accumulates them with welford_row, shifted by K = row 0's
 // values of its channels; an inactive thread leaves p alone and returns empty statistics.
+// K: the shift used (zeros for an inactive thread), for rows accumulated after these.
 template <typename A, typename T, int V, int MAXR>
 __device__ __forceinline__ void load_rows_welford(const T* xc, int64_t r0, int64_t rstride,
                                                   int64_t R, int64_t C, bool active,
                                                   Pack<T, V> (&p)[MAXR], A (&mean)[V],
-                                                  A (&m2)[V], A& n) {
-  A K[V];
+                                                  A (&m2)[V], A& n, A (&K)[V]) {
 #pragma unroll
   for (int i = 0; i < V; ++i) {
     K[i] = 0;
@@ -164,6 +165,15 @@ __device__ __forceinline__ void load_rows_welford(const T* xc, int64_t r0, int64
 #pragma unroll
   for (int u = 0; u < MAXR; ++u)
     if (r0 + u * rstride < R) welford_row<A, T, V>(p[u], K, mean, m2, n);
+}
+
+template <typename A, typename T, int V, int MAXR>
+__device__ __forceinline__ void load_rows_welford(const T* xc, int64_t r0, int64_t rstride,
+                                                  int64_t R, int64_t C, bool active,
+                                                  Pack<T, V> (&p)[MAXR], A (&mean)[V],
+                                                  A (&m2)[V], A& n) {
+  A K[V];
+  load_rows_welford<A, T, V, MAXR>(xc, r0, rstride, R, C, active, p, mean, m2, n, K);
 }
 
 template <typename A, int V>
@@ -775,22 +785,6 @@ __device__ __forceinline__ void tile_merge_slots(const A (&red)[3][CT][P1], int 
 // copies and accumulates the stashed rows; phase 3 writes y from both. This is what lets tensors
 // of up to about a third of the register file plus shared memory (e.g. 25 MB of float16 on an
 // H200) be read from memory once.
-__device__ __forceinline__ void tile_cp_async16(void* dst, const void* src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
-#else
-  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
-#endif
-}
-
-__device__ __forceinline__ void tile_cp_async_wait_all() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
-#endif
-}
-
 template <typename T, int CT, int THREADS, int MAXR, int MB = kTileMergeBatch, bool ONCE = false,
           int SR = 0>
 __global__ void __launch_bounds__(THREADS, TileMinBlocks<T, THREADS>::value)
@@ -835,36 +829,17 @@ __global__ void __launch_bounds__(THREADS, TileMinBlocks<T, THREADS>::value)
 #pragma unroll
         for (int k = 0; k < SR; ++k) {
           const int64_t r = r0 + int64_t(MAXR + k) * rstride;
-          if (r < R) tile_cp_async16(stash + k * THREADS, xc + r * C);
+          if (r < R) cp_async16(stash + k * THREADS, xc + r * C);
         }
       }
     }
     A mean[V], m2[V];
     A n = 0;
-    if constexpr (SR == 0) {
-      load_rows_welford<A, T, V, MAXR>(xc, r0, rstride, R, C, active, p, mean, m2, n);
-    } else {
-      // as load_rows_welford, then the stashed rows (their copies have had the longest)
-      A K[V];
-#pragma unroll
-      for (int i = 0; i < V; ++i) {
-        K[i] = 0;
-        mean[i] = 0;
-        m2[i] = 0;
-      }
-      if (active) {
-        const Pack<T, V> k0 = *reinterpret_cast<const Pack<T, V>*>(xc);
-#pragma unroll
-        for (int i = 0; i < V; ++i) K[i] = static_cast<A>(k0.v[i]);
-#pragma unroll
-        for (int u = 0; u < MAXR; ++u)
-          if (r0 + u * rstride < R)
-            p[u] = *reinterpret_cast<const Pack<T, V>*>(xc + (r0 + u * rstride) * C);
-#pragma unroll
-        for (int u = 0; u < MAXR; ++u)
-          if (r0 + u * rstride < R) welford_row<A, T, V>(p[u], K, mean, m2, n);
-      }
-      tile_cp_async_wait_all();  // this thread's own copies: no block barrier needed
+    A K[V];
+    load_rows_welford<A, T, V, MAXR>(xc, r0, rstride, R, C, active, p, mean, m2, n, K);
+    if constexpr (SR > 0) {
+      // then the stashed rows (their copies have had the longest)
+      cp_async_wait_all();  // this thread's own copies: no block barrier needed
       if (active) {
 #pragma unroll 4
         for (int k = 0; k < SR; ++k)

@@ -17,6 +17,7 @@
 // NCHW always runs wgrad_nchw.
 #include <cstdlib>
 
+#include "async_copy.cuh"
 #include "depthwise.cuh"
 
 namespace cudadoctor_ops {
@@ -874,22 +875,6 @@ constexpr int kPairs = kCB / 2;
 constexpr int kWords = kCB / 2;  // 32-bit words per pixel (two 16-bit channels each)
 constexpr size_t kMaxSmem = 48 * 1024;
 
-__device__ __forceinline__ void cp16(void* dst, const void* src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
-#else
-  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
-#endif
-}
-
-__device__ __forceinline__ void cp_wait_all() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
-#endif
-}
-
 template <typename T>
 __device__ __forceinline__ float2 pair(uint32_t w) {
   T t[2];
@@ -978,7 +963,7 @@ __global__ void __launch_bounds__(kPairs * K * (K == 3 ? 5 : K == 5 ? 3 : 2))
       const int iy = oy0 + r - PH;
       uint32_t* dst = sIn + (static_cast<size_t>(r) * pitchI + (x + PW)) * kWords + q * 4;
       if (iy >= 0 && iy < H && c0 + q * 8 < C)
-        cp16(dst, xin + (static_cast<int64_t>(iy) * W + x) * C + q * 8);
+        cp_async16(dst, xin + (static_cast<int64_t>(iy) * W + x) * C + q * 8);
       else
         *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
     }
@@ -988,11 +973,11 @@ __global__ void __launch_bounds__(kPairs * K * (K == 3 ? 5 : K == 5 ? 3 : 2))
       const int r = pix / Wo, x = pix - r * Wo;
       uint32_t* dst = sG + (static_cast<size_t>(r) * pitchG + x) * kWords + q * 4;
       if (c0 + q * 8 < C)
-        cp16(dst, gin + static_cast<int64_t>(pix) * C + q * 8);
+        cp_async16(dst, gin + static_cast<int64_t>(pix) * C + q * 8);
       else
         *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
     }
-    cp_wait_all();
+    cp_async_wait_all();
     __syncthreads();
 
     // ---- taps of kernel row kh for channel pair cp over the band's rows sy, sy + SY, .. ----

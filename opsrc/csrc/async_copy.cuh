@@ -1,0 +1,29 @@
+// 16-byte copies global -> shared memory that do not pass through registers (cp.async, sm_80+),
+// shared by the kernels that stage data in shared memory ahead of its use. On older architectures
+// the copy goes through registers and the wait is a no-op.
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime.h>
+
+namespace cudadoctor_ops {
+
+// dst: shared memory, src: global memory, both 16-byte aligned.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+#else
+  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+#endif
+}
+
+// Waits for every copy this thread issued (other threads' copies need a block barrier after).
+__device__ __forceinline__ void cp_async_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
+}  // namespace cudadoctor_ops
