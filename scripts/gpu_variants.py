@@ -7,7 +7,8 @@
     cbr  Conv+BN+ReLU training forward and fwd+bwd, channels_last 16-bit (CUDADOCTOR_OPS_BN_NHWC_TILE_WIDE=1,
          _STASH=0, CUDADOCTOR_OPS_CBR_TILE=0)
     dw   depthwise channels_last forward (CUDADOCTOR_OPS_DW_V4*, against impl=nhwc_v3 and v2)
-    dwb  depthwise channels_last backward dX + dW (CUDADOCTOR_OPS_DW_WGRAD_V1 / _DGRAD_V1 / _V4)
+    dwb  depthwise channels_last backward dX + dW (CUDADOCTOR_OPS_DW_WGRAD_SMEM=1; CUDADOCTOR_OPS_DW_WGRAD_V1 /
+         _DGRAD_V1 / _V4)
     dww  depthwise channels_last weight gradient alone (CUDADOCTOR_OPS_DW_WGRAD_SMEM=1, _PF), against
          torch's convolution_backward for the weight alone
 
@@ -33,8 +34,8 @@ CBR_CASES = [((32, 64, 56, 56), 64, "float16"), ((64, 128, 28, 28), 128, "bfloat
 CBR_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_NHWC_TILE_WIDE": "1"}, {"CUDADOCTOR_OPS_BN_NHWC_TILE_STASH": "0"},
                 {"CUDADOCTOR_OPS_CBR_TILE": "0"}]
 DW_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_V4_CFG": "3"}]
-DWB_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_WGRAD_V1": "1", "CUDADOCTOR_OPS_DW_DGRAD_V1": "1",
-                     "CUDADOCTOR_OPS_DW_V4": "0"}]
+DWB_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "1"},
+                {"CUDADOCTOR_OPS_DW_WGRAD_V1": "1", "CUDADOCTOR_OPS_DW_DGRAD_V1": "1", "CUDADOCTOR_OPS_DW_V4": "0"}]
 
 DWW_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "1"}, {"CUDADOCTOR_OPS_DW_WGRAD_PF": "1"},
                 {"CUDADOCTOR_OPS_DW_WGRAD_PF": "2"}]
