@@ -472,6 +472,22 @@ struct GroupLoads {
   }
 };
 
+// The K taps (and the bias) of output column u of a group, its dY vector g and the window in the
+// ring (see row_step).
+template <int K, int S, int V>
+__device__ __forceinline__ void step_taps(int u, const float (&g)[V], bool bias,
+                                          const float (&win)[K][V], float (&acc)[K][V],
+                                          float (&bacc)[V]) {
+#pragma unroll
+  for (int kw = 0; kw < K; ++kw)
+#pragma unroll
+    for (int e = 0; e < V; ++e) acc[kw][e] = fmaf(g[e], win[(u * S + kw) % K][e], acc[kw][e]);
+  if (bias) {
+#pragma unroll
+    for (int e = 0; e < V; ++e) bacc[e] += g[e];
+  }
+}
+
 // Steps u < n of a group from its loads (see row_step for the ring).
 template <typename T, int K, int S, int V>
 __device__ __forceinline__ void group_steps(const GroupLoads<T, K, S, V>& ld, int n, bool bias,
@@ -484,14 +500,7 @@ __device__ __forceinline__ void group_steps(const GroupLoads<T, K, S, V>& ld, in
     for (int s = 0; s < S; ++s) raw_to_float<T, V>(ld.in[u * S + s], win[(u * S + K - S + s) % K]);
     float g[V];
     raw_to_float<T, V>(ld.g[u], g);
-#pragma unroll
-    for (int kw = 0; kw < K; ++kw)
-#pragma unroll
-      for (int e = 0; e < V; ++e) acc[kw][e] = fmaf(g[e], win[(u * S + kw) % K][e], acc[kw][e]);
-    if (bias) {
-#pragma unroll
-      for (int e = 0; e < V; ++e) bacc[e] += g[e];
-    }
+    step_taps<K, S, V>(u, g, bias, win, acc, bacc);
   }
 }
 
@@ -510,14 +519,7 @@ __device__ __forceinline__ void row_step(int u, const T* xr, const T* gr, int C,
   }
   float g[V];
   load_vec<T, V>(gr + static_cast<int64_t>(ox0 + u) * C, g);
-#pragma unroll
-  for (int kw = 0; kw < K; ++kw)
-#pragma unroll
-    for (int e = 0; e < V; ++e) acc[kw][e] = fmaf(g[e], win[(u * S + kw) % K][e], acc[kw][e]);
-  if (bias) {
-#pragma unroll
-    for (int e = 0; e < V; ++e) bacc[e] += g[e];
-  }
+  step_taps<K, S, V>(u, g, bias, win, acc, bacc);
 }
 
 // PF: how the loads of the column loop are issued. 0: per step (one input and one dY vector,
@@ -666,6 +668,23 @@ __global__ void __launch_bounds__(1024)
     gb[c] = from_float<T>(t);
 }
 
+// Stage 2 over P partials of [(KK + 1) * C]: blocks of 32 columns x RY partial rows.
+template <typename T>
+void launch_finish_v2(const float* ws, void* gw, void* gb, int C, int P, int KK,
+                      cudaStream_t stream) {
+  const int64_t J = static_cast<int64_t>(KK + 1) * C;
+  int RY = 1;
+  while (RY < 32 && 2 * RY <= (P + 1) / 2) RY *= 2;
+  wgrad_finish_v2<T><<<static_cast<unsigned>((J + 31) / 32), dim3(32, RY), 0, stream>>>(
+      ws, static_cast<T*>(gw), static_cast<T*>(gb), C, P, KK);
+}
+
+// As few blocks as give the same work units per block as `most` blocks do.
+inline int fewest_blocks(int64_t units, int64_t most) {
+  const int64_t per_block = (units + most - 1) / most;
+  return static_cast<int>((units + per_block - 1) / per_block);
+}
+
 // Vector width (elements): 16 bytes for 16-bit 3x3 (8 channels) and for
 // float32 (4 channels); 8 bytes (4 channels) for 16-bit 5x5 and 7x7.
 int vec_v2(DType dt, int K) { return (dt != DType::F32 && K == 3) ? 8 : 4; }
@@ -715,8 +734,7 @@ bool make_plan(const FastShape& s, int V, const void* kernel, Plan& p) {
   }
   p.units = rows * p.segsW;
   // As few blocks as give the same units per block (fewer partials).
-  const int64_t per_block = (p.units + gxw - 1) / gxw;
-  p.gx = static_cast<int>((p.units + per_block - 1) / per_block);
+  p.gx = fewest_blocks(p.units, gxw);
   return p.gx >= 1;
 }
 
@@ -822,12 +840,7 @@ void run(DType dt, const void* go, const void* in, void* gw, void* gb, float* ws
           g, x, ws, s.C, s.H, s.W, s.Ho, s.Wo, s.PH, s.PW, p.L, p.segsW, p.tilesY, p.units);
       break;
   }
-  const int KK = K * K;
-  const int64_t J = static_cast<int64_t>(KK + 1) * s.C;
-  int RY = 1;
-  while (RY < 32 && 2 * RY <= (p.gx + 1) / 2) RY *= 2;
-  wgrad_finish_v2<T><<<static_cast<unsigned>((J + 31) / 32), dim3(32, RY), 0, stream>>>(
-      ws, static_cast<T*>(gw), static_cast<T*>(gb), s.C, p.gx, KK);
+  launch_finish_v2<T>(ws, gw, gb, s.C, p.gx, K * K, stream);
 }
 
 template <typename T>
@@ -1095,8 +1108,7 @@ bool plan_for(DType dt, const FastShape& s, Plan& p) {
   int64_t gxw = (wave + p.gy - 1) / p.gy;
   if (gxw < 1) gxw = 1;
   if (gxw > p.units) gxw = p.units;
-  const int64_t per_block = (p.units + gxw - 1) / gxw;
-  p.gx = static_cast<int>((p.units + per_block - 1) / per_block);
+  p.gx = v2::fewest_blocks(p.units, gxw);
   return p.gx >= 1;
 }
 
@@ -1111,12 +1123,7 @@ void run(const void* go, const void* in, void* gw, void* gb, float* ws, const Fa
   wgrad_nhwc_v3<T, K><<<grid, block, p.geo.smem, stream>>>(
       static_cast<const T*>(go), static_cast<const T*>(in), ws, s.C, s.H, s.W, s.Ho, s.Wo, s.PH,
       s.PW, p.geo.Wp, p.geo.pitchI, p.geo.pitchG, p.geo.TH, p.geo.bands, p.units);
-  constexpr int KK = K * K;
-  const int64_t J = static_cast<int64_t>(KK + 1) * s.C;
-  int RY = 1;
-  while (RY < 32 && 2 * RY <= (p.gx + 1) / 2) RY *= 2;
-  v2::wgrad_finish_v2<T><<<static_cast<unsigned>((J + 31) / 32), dim3(32, RY), 0, stream>>>(
-      ws, static_cast<T*>(gw), static_cast<T*>(gb), s.C, p.gx, KK);
+  v2::launch_finish_v2<T>(ws, gw, gb, s.C, p.gx, K * K, stream);
 }
 
 bool dispatch(DType dt, const void* go, const void* in, void* gw, void* gb, float* ws,
