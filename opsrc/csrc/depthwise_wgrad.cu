@@ -865,7 +865,7 @@ bool dispatch(DType dt, const void* go, const void* in, void* gw, void* gb, floa
 
 // ---------------------------------------------------------------------------
 // Channels_last, shared-memory staged (v3), 16-bit types, stride 1.
-// CUDADOCTOR_OPS_DW_WGRAD_SMEM=1 (read once) turns it on; default off (not yet timed on a GPU).
+// On by default for output planes up to 32x32 pixels; CUDADOCTOR_OPS_DW_WGRAD_SMEM=0|1 (see mode()).
 //
 // Block = a group of 32 channels (64 bytes per pixel) and a run of work units, a unit being a
 // band of TH output rows of one image (the whole image where both planes fit 48 KB of shared
@@ -1048,10 +1048,16 @@ __global__ void __launch_bounds__(kPairs * K * (K == 3 ? 5 : K == 5 ? 3 : 2))
 
 constexpr int slices(int K) { return K == 3 ? 5 : K == 5 ? 3 : 2; }
 
-bool enabled() {
-  static const bool v = [] {
+// CUDADOCTOR_OPS_DW_WGRAD_SMEM (read once): 0 never, 1 wherever it applies, unset: output planes of
+// at most kAutoPlane pixels (H200, 16-bit: 7x7 to 28x28 gain, 1.05-2.2x over v2; 56x56 and
+// 112x112 3x3 lose 17-22%, their bands of 5 rows re-read too much halo).
+constexpr int64_t kAutoPlane = 32 * 32;
+
+int mode() {
+  static const int v = [] {
     const char* e = std::getenv("CUDADOCTOR_OPS_DW_WGRAD_SMEM");
-    return e != nullptr && e[0] == '1';
+    if (e == nullptr || e[0] == '\0') return 2;
+    return e[0] == '1' ? 1 : 0;
   }();
   return v;
 }
@@ -1090,7 +1096,9 @@ struct Plan {
 // switch on) and the grid: at most one wave of resident blocks, as few blocks as give the same
 // units (bands) per block.
 bool plan_for(DType dt, const FastShape& s, Plan& p) {
-  if (!enabled() || dt == DType::F32 || s.S != 1 || s.C % 8 != 0) return false;
+  const int m = mode();
+  if (m == 0 || dt == DType::F32 || s.S != 1 || s.C % 8 != 0) return false;
+  if (m == 2 && static_cast<int64_t>(s.Ho) * s.Wo > kAutoPlane) return false;
   if (!(s.K == 3 || s.K == 5 || s.K == 7)) return false;
   if (s.N <= 0 || s.H <= 0 || s.W <= 0 || s.Ho <= 0 || s.Wo <= 0) return false;
   if (s.Ho != s.H + 2 * s.PH - s.K + 1 || s.Wo != s.W + 2 * s.PW - s.K + 1) return false;

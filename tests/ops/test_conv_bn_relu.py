@@ -1115,7 +1115,10 @@ def test_eval_tuner_keeps_each_variants_best_round(monkeypatch):
     """The inference auto-tuner times every candidate in several interleaved rounds and keeps the
     variant whose best round is fastest: one slow round of the truly faster variant (a noisy
     first timing) does not decide. Runs anywhere: the timings are scripted."""
-    import cudadoctor_ops.conv_bn_relu as cbr
+    import importlib
+
+    # the package exports a function of the same name, so `import ... as` would bind that
+    cbr = importlib.import_module("cudadoctor_ops.conv_bn_relu")
 
     script = {  # per variant: its timing in round 1, 2, 3 (ms)
         "cudnn": [0.090, 0.041, 0.040],
