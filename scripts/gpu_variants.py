@@ -4,12 +4,12 @@
     python scripts/gpu_variants.py [bn] [cbr] [dw] [dwb]
 
     bn   BatchNorm channels_last training forward (CUDADOCTOR_OPS_BN_NHWC_TILE_STASH=0, _ONCE=0)
-    cbr  Conv+BN+ReLU training forward and fwd+bwd, channels_last 16-bit (CUDADOCTOR_OPS_BN_NHWC_TILE_WIDE=1,
+    cbr  Conv+BN+ReLU training forward and fwd+bwd, channels_last 16-bit (CUDADOCTOR_OPS_BN_NHWC_TILE_WIDE=0,
          _STASH=0, CUDADOCTOR_OPS_CBR_TILE=0)
     dw   depthwise channels_last forward (CUDADOCTOR_OPS_DW_V4*, against impl=nhwc_v3 and v2)
-    dwb  depthwise channels_last backward dX + dW (CUDADOCTOR_OPS_DW_WGRAD_SMEM=1; CUDADOCTOR_OPS_DW_WGRAD_V1 /
+    dwb  depthwise channels_last backward dX + dW (CUDADOCTOR_OPS_DW_WGRAD_SMEM=0 / 1; CUDADOCTOR_OPS_DW_WGRAD_V1 /
          _DGRAD_V1 / _V4)
-    dww  depthwise channels_last weight gradient alone (CUDADOCTOR_OPS_DW_WGRAD_SMEM=1, _PF), against
+    dww  depthwise channels_last weight gradient alone (CUDADOCTOR_OPS_DW_WGRAD_SMEM=0 / 1, _PF), against
          torch's convolution_backward for the weight alone
 
 Each line: the case, then ms per setting and torch's ms, and the ratio torch / ours per setting.
@@ -31,13 +31,13 @@ BN_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_NHWC_TILE_STASH": "0"}, {"CUDADOCTOR_OPS_
 CBR_CASES = [((32, 64, 56, 56), 64, "float16"), ((64, 128, 28, 28), 128, "bfloat16"),
              ((64, 64, 56, 56), 64, "bfloat16"), ((64, 256, 14, 14), 256, "bfloat16"),
              ((64, 512, 7, 7), 512, "bfloat16")]
-CBR_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_NHWC_TILE_WIDE": "1"}, {"CUDADOCTOR_OPS_BN_NHWC_TILE_STASH": "0"},
+CBR_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_NHWC_TILE_WIDE": "0"}, {"CUDADOCTOR_OPS_BN_NHWC_TILE_STASH": "0"},
                 {"CUDADOCTOR_OPS_CBR_TILE": "0"}]
 DW_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_V4_CFG": "3"}]
-DWB_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "1"},
+DWB_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "0"}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "1"},
                 {"CUDADOCTOR_OPS_DW_WGRAD_V1": "1", "CUDADOCTOR_OPS_DW_DGRAD_V1": "1", "CUDADOCTOR_OPS_DW_V4": "0"}]
 
-DWW_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "1"}, {"CUDADOCTOR_OPS_DW_WGRAD_PF": "1"},
+DWW_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "0"}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "1"}, {"CUDADOCTOR_OPS_DW_WGRAD_PF": "1"},
                 {"CUDADOCTOR_OPS_DW_WGRAD_PF": "2"}]
 
 

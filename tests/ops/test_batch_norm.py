@@ -712,36 +712,6 @@ def test_tile_nhwc_forward_matches_float64(ops, switches):
         assert r["cl"], f"{key}: output lost the channels_last layout"
 
 
-def test_tile_nhwc_declines_grids_of_more_than_256_splits(ops):
-    """bn_tile_nhwc's default grid stops at 256 splits: (32,64,56,56) float16 channels_last in one
-    tile of 64 channels over 100352 rows, at <= 8 rows per thread (32 rows per block pass), would
-    need >= 392 splits on any GPU, so that grid is declined. What runs instead is the tile of 32
-    channels (two tiles, 64 rows per block pass: >= 196 splits, where the GPU holds that many
-    blocks) or the other channels-last kernels; either way the same result as float64."""
-    for var in ("CUDADOCTOR_OPS_BN_NHWC_TILE_SPLITS", "CUDADOCTOR_OPS_BN_NHWC_TILE_CT"):
-        if os.environ.get(var):
-            pytest.skip(f"{var} forces the tile grid in this process")
-    from torch.profiler import ProfilerActivity, profile
-
-    x, w, b, rm, rv = make((32, 64, 56, 56), torch.float16, "nhwc", pdtype=torch.float32)
-    rm0, rv0 = rm.clone(), rv.clone()
-    ops.batch_norm(x, rm.clone(), rv.clone(), w, b, True, 0.1, 1e-5)  # warm-up outside the profiler
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        y = ops.batch_norm(x, rm, rv, w, b, True, 0.1, 1e-5, activation="relu")
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events()]
-    if not names:
-        pytest.skip("torch.profiler recorded no CUDA kernels here")
-    tiles = [n for n in names if "bn_tile_nhwc<" in n]
-    # the template arguments are <T, CT, THREADS, MAXR>
-    assert all("<c10::Half, 32, " in n for n in tiles), tiles
-    ey, erm, erv = reference(x, rm0, rv0, w, b, True, 0.1, 1e-5, "relu")
-    close(y, ey, torch.float16, what="output")
-    close(rm, erm, torch.float32, what="running_mean")
-    close(rv, erv, torch.float32, what="running_var")
-
-
 _WIDE_CHILD = textwrap.dedent(
     """
     import json, re
@@ -782,16 +752,21 @@ _WIDE_CHILD = textwrap.dedent(
 )
 
 
-def test_tile_nhwc_wide_grid_merges_once(ops):
-    """CUDADOCTOR_OPS_BN_NHWC_TILE_WIDE=1: (32,64,56,56) float16 channels_last (one tile of 64
-    channels over 100352 rows, <= 8 rows per thread only above 256 splits) runs bn_tile_nhwc in
-    tiles of 64 with ONCE instead of tiles of 32; output and running statistics against float64.
-    Needs a GPU with at least 100352 / (8 * 32) = 392 resident blocks of the kernel (the H200
-    holds 396), else the tiles of 32 run and the test skips."""
-    env = dict(os.environ, CUDADOCTOR_OPS_BN_NHWC_TILE_WIDE="1")
+@pytest.mark.parametrize("wide", [None, "1", "0"], ids=["default", "WIDE=1", "WIDE=0"])
+def test_tile_nhwc_grids_above_256_splits(ops, wide):
+    """(32,64,56,56) float16 channels_last: one tile of 64 channels over 100352 rows fits <= 8 rows
+    per thread only above 256 splits (>= 392 blocks). By default (and with
+    CUDADOCTOR_OPS_BN_NHWC_TILE_WIDE=1) that grid runs with ONCE (each channel merged once);
+    with =0 it is declined and the tiles of 32 run (two tiles, >= 196 splits). Output and running
+    statistics against float64 either way. A GPU holding fewer than 392 blocks of the kernel runs
+    the tiles of 32 in every setting, and then the wide cases skip."""
+    env = dict(os.environ)
     for var in ("CUDADOCTOR_OPS_BN_NHWC_TILE_SPLITS", "CUDADOCTOR_OPS_BN_NHWC_TILE_CT",
-                "CUDADOCTOR_OPS_BN_NHWC_TILE_ONCE", "CUDADOCTOR_OPS_BN_NHWC_TILE"):
+                "CUDADOCTOR_OPS_BN_NHWC_TILE_ONCE", "CUDADOCTOR_OPS_BN_NHWC_TILE",
+                "CUDADOCTOR_OPS_BN_NHWC_TILE_WIDE"):
         env.pop(var, None)
+    if wide is not None:
+        env["CUDADOCTOR_OPS_BN_NHWC_TILE_WIDE"] = wide
     env["PYTHONPATH"] = os.pathsep.join([str(pathlib.Path(ops.__file__).parents[1]), env.get("PYTHONPATH", "")])
     proc = subprocess.run([sys.executable, "-c", _WIDE_CHILD], env=env, capture_output=True, text=True,
                           timeout=300)
@@ -799,14 +774,18 @@ def test_tile_nhwc_wide_grid_merges_once(ops):
     import json
 
     res = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert res["kernels"], "no bn_tile_nhwc kernel ran"
-    # <T, CT, THREADS, MAXR, MB, ONCE, SR>
-    if all(k[1] == "32" for k in res["kernels"]):
-        pytest.skip("this GPU holds fewer than 392 blocks of bn_tile_nhwc: the tiles of 32 ran")
-    assert all(k[1] == "64" and k[5] == "true" and k[6] == "0" for k in res["kernels"]), res["kernels"]
     assert res["y"] <= 3e-2, res["y"]
     assert res["rm"] <= 1e-5 and res["rv"] <= 1e-4, (res["rm"], res["rv"])
     assert res["cl"]
+    if not res["kernels"]:
+        pytest.skip("the profiler recorded no bn_tile_nhwc kernel here")
+    # <T, CT, THREADS, MAXR, MB, ONCE, SR>
+    if wide == "0":
+        assert all(k[1] == "32" for k in res["kernels"]), res["kernels"]
+        return
+    if all(k[1] == "32" for k in res["kernels"]):
+        pytest.skip("this GPU holds fewer than 392 blocks of bn_tile_nhwc: the tiles of 32 ran")
+    assert all(k[1] == "64" and k[5] == "true" and k[6] == "0" for k in res["kernels"]), res["kernels"]
 
 
 class _Passthrough(TorchDispatchMode):
