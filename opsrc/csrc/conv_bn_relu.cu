@@ -1494,11 +1494,10 @@ int64_t stream_blocks(int64_t ngroups, int per_sm, int device) {
   return b;
 }
 
+// cbr_apply_nhwc_v2 over conv_out l.x: out and the mask from the per-channel coefficients.
 template <typename T>
-void stats_and_apply_v2(const Layout& l, const at::Tensor& out, const at::Tensor& mask,
-                        double eps, const at::Tensor& w, const at::Tensor& b,
-                        const at::Tensor& save_mean, const at::Tensor& save_invstd) {
-  using A = typename Acc<T>::type;
+void launch_apply_v2(const Layout& l, const at::Tensor& out, const at::Tensor& mask,
+                     const Coef4<typename Acc<T>::type>* cp) {
   const int device = l.x.get_device();
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
   const T* x = l.x.data_ptr<T>();
@@ -1509,6 +1508,27 @@ void stats_and_apply_v2(const Layout& l, const at::Tensor& out, const at::Tensor
   const int nfull = static_cast<int>(numel / kGroup), tail = static_cast<int>(numel % kGroup);
   const int64_t period = channel_period(l.C);
   const bool vec = aligned16(x) && aligned16(y);
+  auto* apply = vec ? &cbr_apply_nhwc_v2<T, true> : &cbr_apply_nhwc_v2<T, false>;
+  const int64_t align = std::lcm(period, int64_t(32));
+  const FlatPlan ap = flat_plan(stream_blocks(nfull, bn::blocks_per_sm(apply, 0), device), align);
+  apply<<<ap.blocks, kThreads, 0, stream>>>(x, y, mp, cp, nfull, tail, static_cast<int>(ap.S), C,
+                                            reinterpret_cast<uintptr_t>(mp) % 4 == 0);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T>
+void stats_and_apply_v2(const Layout& l, const at::Tensor& out, const at::Tensor& mask,
+                        double eps, const at::Tensor& w, const at::Tensor& b,
+                        const at::Tensor& save_mean, const at::Tensor& save_invstd) {
+  using A = typename Acc<T>::type;
+  const int device = l.x.get_device();
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  const T* x = l.x.data_ptr<T>();
+  const int64_t numel = l.x.numel();
+  const int C = static_cast<int>(l.C);
+  const int nfull = static_cast<int>(numel / kGroup);
+  const int64_t period = channel_period(l.C);
+  const bool vec = aligned16(x) && aligned16(out.data_ptr());
 
   auto* stats = vec ? &cbr_stats_nhwc_v2<T, true> : &cbr_stats_nhwc_v2<T, false>;
   const FlatPlan sp =
@@ -1526,12 +1546,7 @@ void stats_and_apply_v2(const Layout& l, const at::Tensor& out, const at::Tensor
       save_invstd.data_ptr<A>(), cp);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
-  auto* apply = vec ? &cbr_apply_nhwc_v2<T, true> : &cbr_apply_nhwc_v2<T, false>;
-  const int64_t align = std::lcm(period, int64_t(32));
-  const FlatPlan ap = flat_plan(stream_blocks(nfull, bn::blocks_per_sm(apply, 0), device), align);
-  apply<<<ap.blocks, kThreads, 0, stream>>>(x, y, mp, cp, nfull, tail, static_cast<int>(ap.S), C,
-                                            reinterpret_cast<uintptr_t>(mp) % 4 == 0);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch_apply_v2<T>(l, out, mask, cp);
 }
 
 template <typename T>
@@ -1601,6 +1616,52 @@ __global__ void cbr_update_stats(void* rmean, int mkind, void* rvar, int vkind,
     const A old_v = bn::load_param<A>(rvar, vkind, c, A(0));
     bn::store_param<A>(rmean, mkind, c, (A(1) - m) * old_m + m * save_mean[c]);
     bn::store_param<A>(rvar, vkind, c, (A(1) - m) * old_v + m * unbiased);
+  }
+}
+
+// One block: the batch statistics from per-channel sums that the convolution produced with its
+// output (cuDNN's fused pointwise + reduction epilogue: sums[c] = sum(y - K), sums[C + c] =
+// sum((y - K)^2), K = the running mean before this step when `shifted`, else 0), as save_mean,
+// save_invstd and the apply coefficients of cbr_finalize_fwd; and the running-statistics update of
+// cbr_update_stats (each thread reads its channel's shift before it writes that channel).
+template <typename A>
+__global__ void cbr_finalize_sums(const float* __restrict__ sums, int64_t C, int64_t count,
+                                  double eps, const void* weight, int wkind, const void* bias,
+                                  int bkind, void* rmean, int mkind, void* rvar, int vkind,
+                                  int64_t* __restrict__ nbt, double momentum, bool shifted,
+                                  A* __restrict__ save_mean, A* __restrict__ save_invstd,
+                                  Coef4<A>* __restrict__ coef) {
+  A m = static_cast<A>(momentum);
+  if (nbt != nullptr) {
+    const int64_t n = nbt[0] + 1;
+    if (momentum < 0) m = A(1) / static_cast<A>(n);
+    __syncthreads();
+    if (threadIdx.x == 0) nbt[0] = n;
+  }
+  const bool update = rmean != nullptr && rvar != nullptr;
+  const A cnt = static_cast<A>(count);
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    const A shift = shifted ? bn::load_param<A>(rmean, mkind, c, A(0)) : A(0);
+    const A d = static_cast<A>(sums[c]) / cnt;
+    const A mean = shift + d;
+    A var = static_cast<A>(sums[C + c]) / cnt - d * d;
+    if (var < A(0)) var = A(0);
+    const A invstd = bn::inv_sqrt(var + static_cast<A>(eps));
+    save_mean[c] = mean;
+    save_invstd[c] = invstd;
+    Coef4<A> k;
+    k.v[0] = mean;
+    k.v[1] = bn::load_param<A>(weight, wkind, c, A(1)) * invstd;
+    k.v[2] = bn::load_param<A>(bias, bkind, c, A(0));
+    k.v[3] = 0;
+    coef[c] = k;
+    if (update) {
+      const A unbiased = var * (cnt / (cnt - A(1)));
+      const A old_m = bn::load_param<A>(rmean, mkind, c, A(0));
+      const A old_v = bn::load_param<A>(rvar, vkind, c, A(0));
+      bn::store_param<A>(rmean, mkind, c, (A(1) - m) * old_m + m * mean);
+      bn::store_param<A>(rvar, vkind, c, (A(1) - m) * old_v + m * unbiased);
+    }
   }
 }
 
@@ -1868,6 +1929,73 @@ void conv_bn_relu_update_stats_cuda(const std::optional<at::Tensor>& running_mea
   launch_stats_update(u, save_mean, save_invstd, eps, count);
 }
 
+// The training forward's BatchNorm + ReLU from statistics the convolution computed (see
+// cbr_finalize_sums): one single-block finalize + running-statistics update, then ONE pass of
+// cbr_apply_nhwc_v2 over the channels_last conv_out. -> (out, save_mean, save_invstd, mask), the
+// same tensors conv_bn_relu_train returns, so conv_bn_relu_backward takes them as they are.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_bn_relu_apply_sums_cuda(
+    const at::Tensor& conv_out, const at::Tensor& sums, const std::optional<at::Tensor>& bn_weight,
+    const std::optional<at::Tensor>& bn_bias, const std::optional<at::Tensor>& running_mean,
+    const std::optional<at::Tensor>& running_var,
+    const std::optional<at::Tensor>& num_batches_tracked, double momentum, double eps,
+    bool shifted) {
+  constexpr const char* op = "cudadoctor_ops.conv_bn_relu_apply_sums";
+  TORCH_CHECK(conv_out.is_cuda() && conv_out.dim() >= 3, op,
+              ": conv_out must be a CUDA tensor (N, C, H, ...), got ", conv_out.sizes(), " on ",
+              conv_out.device());
+  const auto st = conv_out.scalar_type();
+  TORCH_CHECK(st == at::kHalf || st == at::kBFloat16 || st == at::kFloat, op,
+              ": conv_out must be float16, bfloat16 or float32, got ", st);
+  TORCH_CHECK(eps >= 0, op, ": eps must be >= 0, got ", eps);
+  c10::cuda::CUDAGuard guard(conv_out.device());
+  Layout l = bn::make_layout(conv_out);
+  TORCH_CHECK(l.x.is_same(conv_out) && l.nhwc && v2_fits(l) && l.C > 0, op,
+              ": conv_out must be a channels_last tensor with channels (as the convolution wrote "
+              "it), got sizes ", conv_out.sizes(), " strides ", conv_out.strides());
+  const int64_t C = l.C;
+  const int64_t count = l.N * l.HW;
+  TORCH_CHECK(count > 1, op, ": expected more than 1 value per channel when training, got ",
+              conv_out.sizes());
+  TORCH_CHECK(sums.device() == conv_out.device() && sums.scalar_type() == at::kFloat &&
+                  sums.is_contiguous() && sums.numel() == 2 * C,
+              op, ": sums must be a contiguous float32 tensor of 2 x ", C, " values on ",
+              conv_out.device(), " (per channel sum(y - shift), then sum((y - shift)^2)), got ",
+              sums.sizes(), " ", sums.scalar_type(), " on ", sums.device());
+  check_bn_param(op, bn_weight, "bn_weight", conv_out);
+  check_bn_param(op, bn_bias, "bn_bias", conv_out);
+  const StatsUpdate u = check_stats_update(op, running_mean, running_var, num_batches_tracked,
+                                           conv_out.device(), C, momentum);
+  TORCH_CHECK(!shifted || u.rm.defined(), op,
+              ": shifted=True needs running_mean and running_var (the shift is running_mean "
+              "before this step's update)");
+  const auto acc_opts = conv_out.options().dtype(at::kFloat);
+  at::Tensor out = at::empty_like(l.x);
+  at::Tensor save_mean = at::empty({C}, acc_opts);
+  at::Tensor save_invstd = at::empty({C}, acc_opts);
+  at::Tensor mask = at::empty({mask_bytes(l.x.numel())}, conv_out.options().dtype(at::kByte));
+  at::Tensor coef = at::empty({C * 4}, acc_opts);
+  const at::Tensor w = bn::contig_param(bn_weight), b = bn::contig_param(bn_bias);
+  const bool stats = u.rm.defined();
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(conv_out.get_device()).stream();
+  auto* cp = reinterpret_cast<Coef4<float>*>(coef.data_ptr<float>());
+  cbr_finalize_sums<float><<<1, 1024, 0, stream>>>(
+      sums.data_ptr<float>(), C, count, eps, bn::param_ptr(w), bn::param_kind(w),
+      bn::param_ptr(b), bn::param_kind(b), stats ? u.rm.data_ptr() : nullptr,
+      stats ? bn::param_kind(u.rm) : bn::kAbsent, stats ? u.rv.data_ptr() : nullptr,
+      stats ? bn::param_kind(u.rv) : bn::kAbsent,
+      u.nbt.defined() ? u.nbt.data_ptr<int64_t>() : nullptr, momentum, shifted,
+      save_mean.data_ptr<float>(), save_invstd.data_ptr<float>(), cp);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (st == at::kHalf) {
+    launch_apply_v2<c10::Half>(l, out, mask, cp);
+  } else if (st == at::kBFloat16) {
+    launch_apply_v2<c10::BFloat16>(l, out, mask, cp);
+  } else {
+    launch_apply_v2<float>(l, out, mask, cp);
+  }
+  return {out, save_mean, save_invstd, mask};
+}
+
 std::atomic<bool> g_cudnn_relu_failed{false};
 
 // Inference: relu(conv(input, weight) + bias), one cuDNN launch where it can (impl 0), else the
@@ -1963,4 +2091,5 @@ TORCH_LIBRARY_IMPL(cudadoctor_ops, CUDA, m) {
   m.impl("conv_bn_relu_backward", &cudadoctor_ops::cbr::conv_bn_relu_backward_cuda);
   m.impl("conv_bias_relu", &cudadoctor_ops::cbr::conv_bias_relu_cuda);
   m.impl("conv_bn_relu_update_stats", &cudadoctor_ops::cbr::conv_bn_relu_update_stats_cuda);
+  m.impl("conv_bn_relu_apply_sums", &cudadoctor_ops::cbr::conv_bn_relu_apply_sums_cuda);
 }

@@ -102,5 +102,16 @@ TORCH_LIBRARY(cudadoctor_ops, m) {
       "conv_bias_relu(Tensor input, Tensor weight, Tensor? bias, int[2] stride, int[2] padding, "
       "int[2] dilation, int groups, int impl=0) -> Tensor");
 
+  // The training forward's BatchNorm + ReLU when the convolution produced the per-channel sums
+  // itself (cuDNN's conv + pointwise + reduction graph, cudadoctor_ops/cudnn_stats.py): sums =
+  // [sum(conv_out - shift), sum((conv_out - shift)^2)] per channel (float32 [2, C]), shift =
+  // running_mean before this step when `shifted`, else 0. Updates the running statistics like
+  // conv_bn_relu_update_stats. conv_out channels_last. -> (out, save_mean, save_invstd, mask)
+  // as conv_bn_relu_train returns them.
+  m.def(
+      "conv_bn_relu_apply_sums(Tensor conv_out, Tensor sums, Tensor? bn_weight, Tensor? bn_bias, "
+      "Tensor(a!)? running_mean, Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked, "
+      "float momentum, float eps, bool shifted) -> (Tensor, Tensor, Tensor, Tensor)");
+
   // ---- further ops: append their m.def lines here ----
 }

@@ -39,6 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import cudnn_stats
+
 __all__ = ["conv_bn_relu", "ConvBNReLU2d", "fuse_conv_bn_relu"]
 
 _ops = torch.ops.cudadoctor_ops
@@ -52,6 +54,7 @@ def _has_cuda_kernel(qualname: str) -> bool:
 
 
 _HAS_DEPTHWISE = _has_cuda_kernel("cudadoctor_ops::depthwise_conv2d")
+_HAS_APPLY_SUMS = _has_cuda_kernel("cudadoctor_ops::conv_bn_relu_apply_sums")
 _DEVICES = ("cuda", "cpu")  # device types with kernels; others run the torch ops
 
 # Inference implementations. "cudnn": one cuDNN fused conv+bias+ReLU call where cuDNN has an
@@ -155,12 +158,64 @@ def _update_stats_fake(running_mean, running_var, num_batches_tracked, save_mean
     return None
 
 
+@torch.library.register_fake("cudadoctor_ops::conv_bn_relu_apply_sums")
+def _apply_sums_fake(conv_out, sums, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, momentum,
+                     eps, shifted):
+    c = conv_out.shape[1]
+    out = torch.empty_like(conv_out, memory_format=torch.channels_last)
+    stat = conv_out.new_empty((c,), dtype=torch.float32)
+    return out, stat, stat.clone(), conv_out.new_empty((_mask_bytes(conv_out.numel()),), dtype=torch.uint8)
+
+
 # ---------------------------------------------------------------- autograd
 #
 # The autograd formulas of conv_bn_relu_train and conv_bias_relu are C++ autograd Functions
 # registered for the Autograd key (csrc/conv_bn_relu_host.cpp): a training step runs no Python in
 # the op's forward or backward. conv_bn_relu_forward (train op + running statistics) is a
 # CompositeImplicitAutograd op, so torch.compile traces through it.
+#
+# The one exception: with cuDNN computing the batch statistics in the convolution (cudnn_stats.py,
+# eager only), the forward is that graph plus conv_bn_relu_apply_sums, and _CudnnStatsTrain
+# connects them to the same backward op, which takes the same saved tensors.
+
+
+class _CudnnStatsTrain(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, input, weight, gamma, beta, conv_out, sums, rm, rv, nbt, momentum, eps, shifted, stride,
+                padding, dilation):
+        out, save_mean, save_invstd, mask = _ops.conv_bn_relu_apply_sums(
+            conv_out, sums, gamma, beta, rm, rv, nbt, momentum, eps, shifted)
+        ctx.save_for_backward(input, weight, conv_out, gamma, save_mean, save_invstd, mask)
+        ctx.conv_args = (list(stride), list(padding), list(dilation))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        input, weight, conv_out, gamma, save_mean, save_invstd, mask = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        stride, padding, dilation = ctx.conv_args
+        gi, gw, _, gg, gb = _ops.conv_bn_relu_backward(
+            grad_out, input, weight, conv_out, gamma, save_mean, save_invstd, mask, stride, padding, dilation, 1,
+            [need[0], need[1], False, need[2], need[3]])
+        return ((gi if need[0] else None), (gw if need[1] else None), (gg if need[2] else None),
+                (gb if need[3] else None)) + (None,) * 11
+
+
+def _cudnn_stats_train(input, weight, conv_bias, gamma, beta, rm, rv, nbt, momentum, eps, stride, padding,
+                       dilation, groups) -> Optional[Tensor]:
+    """The training forward with cuDNN's statistics epilogue, or None where it does not run."""
+    if not _HAS_APPLY_SUMS or not cudnn_stats.usable(input, weight, conv_bias, groups):
+        return None
+    stride, padding, dilation = _pair(stride, "stride"), _pair(padding, "padding"), _pair(dilation, "dilation")
+    shift = rm if (rm is not None and rv is not None and rm.dtype == torch.float32 and rm.is_contiguous()) else None
+    r = cudnn_stats.conv_stats(input, weight, stride, padding, dilation, shift)
+    if r is None:
+        return None
+    conv_out, sums, shifted = r
+    if rm is None or rv is None:
+        rm = rv = None
+    return _CudnnStatsTrain.apply(input, weight, gamma, beta, conv_out, sums, rm, rv, nbt, float(momentum),
+                                  float(eps), shifted, stride, padding, dilation)
 
 
 # ---------------------------------------------------------------- functional API
@@ -304,6 +359,10 @@ def conv_bn_relu(
     if eval_impl not in EVAL_IMPLS:
         raise ValueError(f"conv_bn_relu: eval_impl must be one of {sorted(EVAL_IMPLS)}, got {eval_impl!r}")
     if training:
+        out = _cudnn_stats_train(input, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, None,
+                                 momentum, eps, stride_, padding_, dilation_, groups)
+        if out is not None:
+            return out
         return _ops.conv_bn_relu_forward(
             input, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, None, float(momentum),
             float(eps), stride_, padding_, dilation_, groups,
@@ -440,6 +499,11 @@ def _cbr_forward(conv: nn.Conv2d, bn: nn.BatchNorm2d, cache: _FoldCache, input: 
             nbt, rm, rv, momentum = None, None, None, 0.0
         if not torch.compiler.is_compiling():
             cache.key = None  # running statistics are about to change (kernels do not bump versions)
+        if training:
+            out = _cudnn_stats_train(input, weight, bias, gamma, beta, rm, rv, nbt, momentum, bn.eps, conv.stride,
+                                     padding, conv.dilation, conv.groups)
+            if out is not None:
+                return out
         return _forward_op(input, weight, bias, gamma, beta, rm, rv, nbt, momentum, bn.eps, conv.stride, padding,
                            conv.dilation, conv.groups)
     # eval: folded weights, cached unless gradients must flow into the parameters

@@ -201,6 +201,7 @@ def _check_training_against_torch(case, dtype, layout, device):
 # modules and, at the op level, against float64 formulas on the op's own conv output and mask.
 
 CBR_V1_ENV = "CUDADOCTOR_OPS_CBR_V1"
+CUDNN_STATS_ENV = "CUDADOCTOR_OPS_CBR_CUDNN_STATS"
 CBR_TILE_ENV = "CUDADOCTOR_OPS_CBR_TILE"
 # "bn": the default backward, BatchNorm's kernels with the ReLU mask (CUDADOCTOR_OPS_CBR_BN_BWD,
 # read at every call; "v1" / "v2" set it to 0 to run the CBR backward kernels)
@@ -360,8 +361,10 @@ def test_nhwc_variant_switch_selects_kernels(variant, monkeypatch):
 
     _set_variant(monkeypatch, variant)
     # the backward's BatchNorm part on the CBR kernels (not BatchNorm's masked backward), read at
-    # every call
+    # every call; the forward's statistics not from cuDNN's convolution (where the frontend is
+    # installed), read at every call
     monkeypatch.setenv("CUDADOCTOR_OPS_CBR_BN_BWD", "0")
+    monkeypatch.setenv(CUDNN_STATS_ENV, "0")
     x, conv, bn = _make(CASES[0], torch.float16, "channels_last")
     fused = ConvBNReLU2d.from_modules(conv, bn)
     xg = x.detach().requires_grad_(True)
@@ -505,14 +508,17 @@ def train_steps(conv, bn, shape, dtype, cl, steps, probe_key, probe):
 """
 
 
-def _run_cbr_child(body: str, tile: str) -> dict:
+def _run_cbr_child(body: str, tile: str, cudnn_stats: bool = False) -> dict:
     """Runs _CBR_CHILD_COMMON + body in a child (CUDADOCTOR_OPS_CBR_TILE=0 for tile == "off", the
-    other CBR / BN switches unset) and returns the JSON of its last line."""
+    other CBR / BN switches unset; the cuDNN statistics path off unless cudnn_stats) and returns
+    the JSON of its last line."""
     env = dict(os.environ)
-    for var in (CBR_TILE_ENV, CBR_V1_ENV, "CUDADOCTOR_OPS_BN_FUSED_NCHW"):
+    for var in (CBR_TILE_ENV, CBR_V1_ENV, "CUDADOCTOR_OPS_BN_FUSED_NCHW", CUDNN_STATS_ENV):
         env.pop(var, None)
     if tile == "off":
         env[CBR_TILE_ENV] = "0"
+    if not cudnn_stats:
+        env[CUDNN_STATS_ENV] = "0"
     env["PYTHONPATH"] = os.pathsep.join(
         [str(pathlib.Path(cudadoctor_ops.__file__).resolve().parents[1]), env.get("PYTHONPATH", "")]
     )
@@ -583,6 +589,69 @@ def test_nhwc_tile_forward_matches_torch(tile):
             assert not any(r["tile"]), f"{key}: bn_tile_nhwc ran"
             assert all(r["update_kernel"]) == tracked, f"{key}: update kernel {r['update_kernel']}"
         _check_steps(key, r, 3, TOL[dtype], tracked)
+
+
+_CUDNN_STATS_CHILD = _CBR_TILE_CHILD.replace(
+    'lambda names: "bn_tile_nhwc" in names)',
+    'lambda names: "cbr_finalize_sums" in names)',
+).replace(
+    "print(json.dumps(out))",
+    "from cudadoctor_ops import cudnn_stats\nout['_status'] = cudnn_stats.status()\nprint(json.dumps(out))",
+)
+
+
+@pytest.mark.gpu
+def test_cudnn_stats_forward_matches_torch():
+    """With nvidia-cudnn-frontend installed, the 16-bit channels_last training forward takes the
+    batch statistics from cuDNN's convolution (a conv + pointwise + reduction graph; the sums
+    shifted by the running mean from the second step on) and runs conv_bn_relu_apply_sums: three
+    training steps against Conv2d -> BatchNorm2d -> ReLU (momentum 0.1, 0.3, None, affine off,
+    no running statistics), every gradient through the usual backward op. The path must run on
+    every step of the 3x3 stride-1 case; shapes cuDNN declines fall back and still match."""
+    import importlib.util
+
+    if importlib.util.find_spec("cudnn") is None:
+        pytest.skip("nvidia-cudnn-frontend is not installed (pip install nvidia-cudnn-frontend)")
+    res = _run_cbr_child(_CUDNN_STATS_CHILD, "default", cudnn_stats=True)
+    status = res.pop("_status")
+    assert status["frontend"] and status["calls"] > 0, status
+    assert len(res) == 12
+    for key, r in res.items():
+        dtype = torch.float16 if key.startswith("float16") else torch.bfloat16
+        if "-8x32x14x14-64-" in key:
+            assert all(r["tile"]), f"{key}: the cuDNN statistics path did not run: {status}"
+        if "-13-" in key:  # C_out % 8 != 0: never taken
+            assert not any(r["tile"]), key
+        _check_steps(key, r, 3, TOL[dtype], "track_running_stats" not in key)
+
+
+def test_cudnn_stats_is_off_for_inputs_it_cannot_take(monkeypatch):
+    """The eligibility checks run before the frontend is imported: contiguous (NCHW) input,
+    float32, a conv bias, groups, channel counts off a multiple of 8, and the switch at 0."""
+    from cudadoctor_ops import cudnn_stats
+
+    def usable(x, w, b=None, groups=1):
+        return cudnn_stats.usable(x, w, b, groups)
+
+    m = torch.empty(2, 16, 8, 8, device="meta", dtype=torch.float16)
+    w = torch.empty(16, 16, 3, 3, device="meta", dtype=torch.float16)
+    assert not usable(m, w)  # not CUDA
+    if not HAS_CUDA:
+        return
+    x = torch.randn(2, 16, 8, 8, device="cuda", dtype=torch.float16)
+    w = torch.randn(16, 16, 3, 3, device="cuda", dtype=torch.float16)
+    xl = x.contiguous(memory_format=torch.channels_last)
+    assert not usable(x, w)  # NCHW
+    assert not usable(xl.float(), w.float())
+    assert not usable(xl, w, torch.zeros(16, device="cuda", dtype=torch.float16))
+    assert not usable(xl, torch.randn(16, 8, 3, 3, device="cuda", dtype=torch.float16), groups=2)
+    assert not usable(xl, torch.randn(12, 16, 3, 3, device="cuda", dtype=torch.float16))
+    monkeypatch.setenv(CUDNN_STATS_ENV, "0")
+    assert not usable(xl, w)
+    monkeypatch.delenv(CUDNN_STATS_ENV)
+    import importlib.util
+
+    assert usable(xl, w) == (importlib.util.find_spec("cudnn") is not None)
 
 
 _CBR_NCHW_CHILD = """
