@@ -510,15 +510,15 @@ def train_steps(conv, bn, shape, dtype, cl, steps, probe_key, probe):
 
 def _run_cbr_child(body: str, tile: str, cudnn_stats: bool = False) -> dict:
     """Runs _CBR_CHILD_COMMON + body in a child (CUDADOCTOR_OPS_CBR_TILE=0 for tile == "off", the
-    other CBR / BN switches unset; the cuDNN statistics path off unless cudnn_stats) and returns
-    the JSON of its last line."""
+    other CBR / BN switches unset; the cuDNN statistics path (opt-in) on only with cudnn_stats)
+    and returns the JSON of its last line."""
     env = dict(os.environ)
     for var in (CBR_TILE_ENV, CBR_V1_ENV, "CUDADOCTOR_OPS_BN_FUSED_NCHW", CUDNN_STATS_ENV):
         env.pop(var, None)
     if tile == "off":
         env[CBR_TILE_ENV] = "0"
-    if not cudnn_stats:
-        env[CUDNN_STATS_ENV] = "0"
+    if cudnn_stats:
+        env[CUDNN_STATS_ENV] = "1"
     env["PYTHONPATH"] = os.pathsep.join(
         [str(pathlib.Path(cudadoctor_ops.__file__).resolve().parents[1]), env.get("PYTHONPATH", "")]
     )
@@ -602,7 +602,8 @@ _CUDNN_STATS_CHILD = _CBR_TILE_CHILD.replace(
 
 @pytest.mark.gpu
 def test_cudnn_stats_forward_matches_torch():
-    """With nvidia-cudnn-frontend installed, the 16-bit channels_last training forward takes the
+    """With nvidia-cudnn-frontend installed and CUDADOCTOR_OPS_CBR_CUDNN_STATS=1, the 16-bit
+    channels_last training forward takes the
     batch statistics from cuDNN's convolution (a conv + pointwise + reduction graph; the sums
     shifted by the running mean from the second step on) and runs conv_bn_relu_apply_sums: three
     training steps against Conv2d -> BatchNorm2d -> ReLU (momentum 0.1, 0.3, None, affine off,
@@ -626,9 +627,11 @@ def test_cudnn_stats_forward_matches_torch():
 
 
 def test_cudnn_stats_is_off_for_inputs_it_cannot_take(monkeypatch):
-    """The eligibility checks run before the frontend is imported: contiguous (NCHW) input,
-    float32, a conv bias, groups, channel counts off a multiple of 8, and the switch at 0."""
+    """The eligibility checks run before the frontend is imported: the switch (opt-in),
+    contiguous (NCHW) input, float32, a conv bias, groups, channel counts off a multiple of 8."""
     from cudadoctor_ops import cudnn_stats
+
+    monkeypatch.setenv(CUDNN_STATS_ENV, "1")
 
     def usable(x, w, b=None, groups=1):
         return cudnn_stats.usable(x, w, b, groups)
@@ -646,9 +649,10 @@ def test_cudnn_stats_is_off_for_inputs_it_cannot_take(monkeypatch):
     assert not usable(xl, w, torch.zeros(16, device="cuda", dtype=torch.float16))
     assert not usable(xl, torch.randn(16, 8, 3, 3, device="cuda", dtype=torch.float16), groups=2)
     assert not usable(xl, torch.randn(12, 16, 3, 3, device="cuda", dtype=torch.float16))
-    monkeypatch.setenv(CUDNN_STATS_ENV, "0")
-    assert not usable(xl, w)
-    monkeypatch.delenv(CUDNN_STATS_ENV)
+    for setting in ("0", ""):
+        monkeypatch.setenv(CUDNN_STATS_ENV, setting)
+        assert not usable(xl, w)
+    monkeypatch.setenv(CUDNN_STATS_ENV, "1")
     import importlib.util
 
     assert usable(xl, w) == (importlib.util.find_spec("cudnn") is not None)
