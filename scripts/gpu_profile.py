@@ -1,15 +1,18 @@
 """Kernel-level breakdown of cudadoctor_ops against torch on a few cases, for tuning.
 
-    python scripts/gpu_profile.py [bn] [cbr] [dw]
+    python scripts/gpu_profile.py [bn] [cbr] [dw] [cbrstats]
 
 Per case and side (ours / torch): the GPU time of one call from CUDA events with an L2 flush
 before it (as the bench measures), the host time of one call (perf_counter over 200 calls without
 a sync: what the CPU spends enqueuing), and the kernels one call launches with their mean
-durations from torch.profiler. Prints plain text.
+durations from torch.profiler. Prints plain text. cbrstats: Conv+BN+ReLU's training forward with
+the batch statistics from cuDNN's convolution (CUDADOCTOR_OPS_CBR_CUDNN_STATS=1, needs
+nvidia-cudnn-frontend) against the default forward, both ours.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -64,9 +67,9 @@ def kernels(fn, reps: int = 20) -> list[tuple[str, float, int]]:
     return sorted(out, key=lambda r: -r[1] * r[2])
 
 
-def show(name: str, ours, theirs) -> None:
+def show(name: str, ours, theirs, labels=("ours", "torch")) -> None:
     print(f"\n=== {name}")
-    for side, fn in (("ours", ours), ("torch", theirs)):
+    for side, fn in zip(labels, (ours, theirs)):
         try:
             g, h = gpu_ms(fn), host_us(fn)
             print(f"  {side:5s} gpu {g * 1000:8.1f} us   host {h:7.1f} us/call")
@@ -142,6 +145,35 @@ def cbr() -> None:
             show(tag + " eval", lambda: fused(xd), lambda: eager(xd))
 
 
+def with_env(var: str, value: str, fn):
+    """fn with os.environ[var] = value around each call (for switches read at every call)."""
+    def run():
+        old = os.environ.get(var)
+        os.environ[var] = value
+        try:
+            return fn()
+        finally:
+            if old is None:
+                del os.environ[var]
+            else:
+                os.environ[var] = old
+    return run
+
+
+def cbrstats() -> None:
+    env = "CUDADOCTOR_OPS_CBR_CUDNN_STATS"
+    for (n, ci, h, w_, co), dt in [((32, 64, 56, 56, 64), torch.float16), ((64, 128, 28, 28, 128), torch.bfloat16)]:
+        block = torch.nn.Sequential(torch.nn.Conv2d(ci, co, 3, 1, 1, bias=False), torch.nn.BatchNorm2d(co),
+                                    torch.nn.ReLU()).cuda()
+        block[0].to(dt)
+        fused = ops.fuse_conv_bn_relu(block.to(memory_format=torch.channels_last)).train()
+        x = torch.randn(n, ci, h, w_, device="cuda", dtype=dt).contiguous(memory_format=torch.channels_last)
+        show(f"CBR {(n, ci, h, w_, co)} {dt} nhwc train fwd, cuDNN statistics vs default",
+             with_env(env, "1", lambda: fused(x)), with_env(env, "0", lambda: fused(x)), ("stats", "default"))
+        from cudadoctor_ops import cudnn_stats
+        print("  ", cudnn_stats.status())
+
+
 def dw() -> None:
     for n, c, h, w_, k, s, dt, cl in [(64, 144, 56, 56, 3, 1, torch.float16, True),
                                       (64, 96, 112, 112, 3, 2, torch.float16, True),
@@ -167,4 +199,4 @@ if __name__ == "__main__":
     print(torch.__version__, torch.cuda.get_device_name())
     torch.backends.cudnn.benchmark = True
     for part in sys.argv[1:] or ["bn", "cbr", "dw"]:
-        {"bn": bn, "cbr": cbr, "dw": dw}[part]()
+        {"bn": bn, "cbr": cbr, "dw": dw, "cbrstats": cbrstats}[part]()
