@@ -1592,13 +1592,11 @@ void grad_conv_out_v2(const Layout& l, const at::Tensor& dy, const at::Tensor& m
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// One block: running statistics of every channel and num_batches_tracked (read by all threads
-// before thread 0 increments it).
+// The momentum of this step in a one-block kernel: `momentum`, or 1 / num_batches_tracked after
+// this step's increment when momentum < 0 (BatchNorm's momentum=None); increments
+// num_batches_tracked (every thread reads it before thread 0 writes it).
 template <typename A>
-__global__ void cbr_update_stats(void* rmean, int mkind, void* rvar, int vkind,
-                                 int64_t* __restrict__ nbt, const A* __restrict__ save_mean,
-                                 const A* __restrict__ save_invstd, int64_t C, double momentum,
-                                 double eps, int64_t count) {
+__device__ __forceinline__ A step_momentum(int64_t* __restrict__ nbt, double momentum) {
   A m = static_cast<A>(momentum);
   if (nbt != nullptr) {
     const int64_t n = nbt[0] + 1;
@@ -1606,16 +1604,33 @@ __global__ void cbr_update_stats(void* rmean, int mkind, void* rvar, int vkind,
     __syncthreads();
     if (threadIdx.x == 0) nbt[0] = n;
   }
+  return m;
+}
+
+// running = (1 - m) * running + m * batch for channel c.
+template <typename A>
+__device__ __forceinline__ void update_running(void* rmean, int mkind, void* rvar, int vkind,
+                                               int64_t c, A m, A mean, A unbiased) {
+  const A old_m = bn::load_param<A>(rmean, mkind, c, A(0));
+  const A old_v = bn::load_param<A>(rvar, vkind, c, A(0));
+  bn::store_param<A>(rmean, mkind, c, (A(1) - m) * old_m + m * mean);
+  bn::store_param<A>(rvar, vkind, c, (A(1) - m) * old_v + m * unbiased);
+}
+
+// One block: running statistics of every channel and num_batches_tracked.
+template <typename A>
+__global__ void cbr_update_stats(void* rmean, int mkind, void* rvar, int vkind,
+                                 int64_t* __restrict__ nbt, const A* __restrict__ save_mean,
+                                 const A* __restrict__ save_invstd, int64_t C, double momentum,
+                                 double eps, int64_t count) {
+  const A m = step_momentum<A>(nbt, momentum);
   if (rmean == nullptr || rvar == nullptr || count <= 0) return;
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
     const A inv = save_invstd[c];
     A var = A(1) / (inv * inv) - static_cast<A>(eps);
     if (var < A(0)) var = A(0);
     const A unbiased = var * (static_cast<A>(count) / static_cast<A>(count - 1));
-    const A old_m = bn::load_param<A>(rmean, mkind, c, A(0));
-    const A old_v = bn::load_param<A>(rvar, vkind, c, A(0));
-    bn::store_param<A>(rmean, mkind, c, (A(1) - m) * old_m + m * save_mean[c]);
-    bn::store_param<A>(rvar, vkind, c, (A(1) - m) * old_v + m * unbiased);
+    update_running<A>(rmean, mkind, rvar, vkind, c, m, save_mean[c], unbiased);
   }
 }
 
@@ -1631,13 +1646,7 @@ __global__ void cbr_finalize_sums(const float* __restrict__ sums, int64_t C, int
                                   int64_t* __restrict__ nbt, double momentum, bool shifted,
                                   A* __restrict__ save_mean, A* __restrict__ save_invstd,
                                   Coef4<A>* __restrict__ coef) {
-  A m = static_cast<A>(momentum);
-  if (nbt != nullptr) {
-    const int64_t n = nbt[0] + 1;
-    if (momentum < 0) m = A(1) / static_cast<A>(n);
-    __syncthreads();
-    if (threadIdx.x == 0) nbt[0] = n;
-  }
+  const A m = step_momentum<A>(nbt, momentum);
   const bool update = rmean != nullptr && rvar != nullptr;
   const A cnt = static_cast<A>(count);
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
@@ -1655,13 +1664,7 @@ __global__ void cbr_finalize_sums(const float* __restrict__ sums, int64_t C, int
     k.v[2] = bn::load_param<A>(bias, bkind, c, A(0));
     k.v[3] = 0;
     coef[c] = k;
-    if (update) {
-      const A unbiased = var * (cnt / (cnt - A(1)));
-      const A old_m = bn::load_param<A>(rmean, mkind, c, A(0));
-      const A old_v = bn::load_param<A>(rvar, vkind, c, A(0));
-      bn::store_param<A>(rmean, mkind, c, (A(1) - m) * old_m + m * mean);
-      bn::store_param<A>(rvar, vkind, c, (A(1) - m) * old_v + m * unbiased);
-    }
+    if (update) update_running<A>(rmean, mkind, rvar, vkind, c, m, mean, var * (cnt / (cnt - A(1))));
   }
 }
 
