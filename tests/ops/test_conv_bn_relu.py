@@ -658,6 +658,39 @@ def test_cudnn_stats_is_off_for_inputs_it_cannot_take(monkeypatch):
     assert usable(xl, w) == (importlib.util.find_spec("cudnn") is not None)
 
 
+@gpu
+@pytest.mark.gpu
+def test_apply_sums_op_checks_its_arguments():
+    """conv_bn_relu_apply_sums (the op behind the cuDNN-statistics forward) refuses what it cannot
+    take with a message naming the argument, and on good input returns what conv_bn_relu_train
+    would: channels_last out, float32 save_mean / save_invstd, one mask bit per element."""
+    y = torch.randn(4, 16, 6, 6, device="cuda", dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    sums = torch.stack([y.float().sum((0, 2, 3)), (y.float() ** 2).sum((0, 2, 3))]).contiguous()
+    rm, rv = torch.zeros(16, device="cuda"), torch.ones(16, device="cuda")
+    with pytest.raises(RuntimeError, match="conv_out must be a channels_last tensor"):
+        ops.conv_bn_relu_apply_sums(y.contiguous(), sums, None, None, rm, rv, None, 0.1, 1e-5, False)
+    with pytest.raises(RuntimeError, match="sums must be a contiguous float32 tensor of 2 x 16"):
+        ops.conv_bn_relu_apply_sums(y, sums[:, :8].contiguous(), None, None, rm, rv, None, 0.1, 1e-5, False)
+    with pytest.raises(RuntimeError, match="sums must be"):
+        ops.conv_bn_relu_apply_sums(y, sums.double(), None, None, rm, rv, None, 0.1, 1e-5, False)
+    with pytest.raises(RuntimeError, match="shifted=True needs running_mean"):
+        ops.conv_bn_relu_apply_sums(y, sums, None, None, None, None, None, 0.1, 1e-5, True)
+    with pytest.raises(RuntimeError, match="bn_weight must have shape"):
+        ops.conv_bn_relu_apply_sums(y, sums, torch.ones(3, device="cuda"), None, rm, rv, None, 0.1, 1e-5, False)
+    out, mean, invstd, mask = ops.conv_bn_relu_apply_sums(y, sums, None, None, rm, rv, None, 0.1, 1e-5, False)
+    y64 = y.double()
+    ref_mean = y64.mean((0, 2, 3))
+    ref_var = y64.var((0, 2, 3), unbiased=False)
+    assert out.is_contiguous(memory_format=torch.channels_last) and mean.dtype == torch.float32
+    assert _rel_err(mean, ref_mean) <= 1e-4 and _rel_err(invstd, (ref_var + 1e-5).rsqrt()) <= 1e-4
+    ref = torch.relu((y64 - ref_mean[None, :, None, None]) * (ref_var + 1e-5).rsqrt()[None, :, None, None])
+    assert _rel_err(out, ref) <= TOL[torch.float16]
+    assert mask.numel() == (y.numel() + 7) // 8
+    n = y.numel() // 16
+    assert _rel_err(rm, 0.1 * ref_mean) <= 1e-4
+    assert _rel_err(rv, 0.9 + 0.1 * ref_var * n / (n - 1)) <= 1e-4
+
+
 _CBR_NCHW_CHILD = """
 # (N, C_in, H, W, C_out, kernel, stride, padding), BatchNorm2d keywords, dtypes
 every = ("float32", "float16", "bfloat16")
