@@ -1,6 +1,6 @@
 """Kernel-level breakdown of cudadoctor_ops against torch on a few cases, for tuning.
 
-    python scripts/gpu_profile.py [bn] [cbr] [dw] [cbrstats]
+    python scripts/gpu_profile.py [bn] [cbr] [dw] [cbrstats] [bnmiss] [dwt]
 
 Per case and side (ours / torch): the GPU time of one call from CUDA events with an L2 flush
 before it (as the bench measures), the host time of one call (perf_counter over 200 calls without
@@ -97,22 +97,42 @@ def dw_tensors(n, c, h, w, k, dtype, channels_last):
     return x, torch.randn(c, 1, k, k, device="cuda", dtype=dtype)
 
 
+def bn_case(shape, dt, cl, with_eval: bool) -> None:
+    """One BatchNorm case: training forward, eval (when with_eval) and backward, ours and torch's."""
+    x, w, b, rm, rv = bn_tensors(shape, dt, cl)
+    tag = f"BN {shape} {dt} {'nhwc' if cl else 'nchw'}"
+    show(tag + " train fwd", lambda: ops.batch_norm(x, rm, rv, w, b, True, 0.1, 1e-5),
+         lambda: F.batch_norm(x, rm, rv, w, b, True, 0.1, 1e-5))
+    if with_eval:
+        show(tag + " eval", lambda: ops.batch_norm(x, rm, rv, w, b, False, 0.1, 1e-5),
+             lambda: F.batch_norm(x, rm, rv, w, b, False, 0.1, 1e-5))
+    xg, wg, bg = (t.detach().requires_grad_(True) for t in (x, w, b))
+    gy = torch.randn_like(x)
+    yo = ops.batch_norm(xg, rm.clone(), rv.clone(), wg, bg, True, 0.1, 1e-5)
+    yt = F.batch_norm(xg, rm.clone(), rv.clone(), wg, bg, True, 0.1, 1e-5)
+    show(tag + " backward", lambda: torch.autograd.grad(yo, (xg, wg, bg), gy, retain_graph=True),
+         lambda: torch.autograd.grad(yt, (xg, wg, bg), gy, retain_graph=True))
+
+
 def bn() -> None:
     for shape, dt, cl in [((64, 256, 14, 14), torch.float16, True), ((64, 2048, 7, 7), torch.float32, False),
                           ((32, 256, 28, 28), torch.float32, False), ((256, 64, 56, 56), torch.float16, True),
                           ((64, 512, 28, 28), torch.float32, False)]:
-        x, w, b, rm, rv = bn_tensors(shape, dt, cl)
-        tag = f"BN {shape} {dt} {'nhwc' if cl else 'nchw'}"
-        show(tag + " train fwd", lambda: ops.batch_norm(x, rm, rv, w, b, True, 0.1, 1e-5),
-             lambda: F.batch_norm(x, rm, rv, w, b, True, 0.1, 1e-5))
-        show(tag + " eval", lambda: ops.batch_norm(x, rm, rv, w, b, False, 0.1, 1e-5),
-             lambda: F.batch_norm(x, rm, rv, w, b, False, 0.1, 1e-5))
-        xg, wg, bg = (t.detach().requires_grad_(True) for t in (x, w, b))
-        gy = torch.randn_like(x)
-        yo = ops.batch_norm(xg, rm.clone(), rv.clone(), wg, bg, True, 0.1, 1e-5)
-        yt = F.batch_norm(xg, rm.clone(), rv.clone(), wg, bg, True, 0.1, 1e-5)
-        show(tag + " backward", lambda: torch.autograd.grad(yo, (xg, wg, bg), gy, retain_graph=True),
-             lambda: torch.autograd.grad(yt, (xg, wg, bg), gy, retain_graph=True))
+        bn_case(shape, dt, cl, with_eval=True)
+
+
+def bnmiss() -> None:
+    """The BatchNorm rows below 0.95x in the late-2026 benches: float16 channels-last."""
+    for shape in [(64, 1024, 14, 14), (64, 256, 56, 56), (64, 64, 112, 112), (256, 64, 56, 56),
+                  (64, 128, 28, 28), (64, 256, 14, 14)]:
+        bn_case(shape, torch.float16, True, with_eval=False)
+
+
+def dwt() -> None:
+    """The depthwise forward target row still below 2x: (1,64,128,128) 3x3 fp32 NCHW."""
+    x, wt = dw_tensors(1, 64, 128, 128, 3, torch.float32, False)
+    show("DW (1, 64, 128, 128) k3 s1 float32 nchw fwd", lambda: ops.depthwise_conv2d(x, wt, None, 1, 1),
+         lambda: F.conv2d(x, wt, None, 1, 1, 1, 64))
 
 
 def cbr() -> None:
@@ -199,4 +219,4 @@ if __name__ == "__main__":
     print(torch.__version__, torch.cuda.get_device_name())
     torch.backends.cudnn.benchmark = True
     for part in sys.argv[1:] or ["bn", "cbr", "dw"]:
-        {"bn": bn, "cbr": cbr, "dw": dw, "cbrstats": cbrstats}[part]()
+        {"bn": bn, "cbr": cbr, "dw": dw, "cbrstats": cbrstats, "bnmiss": bnmiss, "dwt": dwt}[part]()

@@ -4,6 +4,8 @@
     python scripts/gpu_variants.py [bn] [cbr] [dw] [dwb]
 
     bn   BatchNorm channels_last training forward (CUDADOCTOR_OPS_BN_NHWC_TILE_STASH=0, _ONCE=0)
+    bnp  BatchNorm channels_last float16 training backward, eager and CUDA-graph replay
+         (CUDADOCTOR_OPS_BN_FUSED_BWD=0 / 1: never / always the one-launch backward)
     cbr  Conv+BN+ReLU training forward and fwd+bwd, channels_last 16-bit (CUDADOCTOR_OPS_BN_NHWC_TILE_WIDE=0,
          _STASH=0, CUDADOCTOR_OPS_CBR_TILE=0)
     dw   depthwise channels_last forward (CUDADOCTOR_OPS_DW_V4*, against impl=nhwc_v3 and v2)
@@ -28,6 +30,7 @@ BN_SHAPES = [(64, 512, 7, 7), (64, 256, 14, 14), (64, 512, 14, 14), (64, 128, 28
              (64, 256, 28, 28), (64, 1024, 14, 14), (64, 2048, 7, 7), (64, 64, 56, 56),
              (64, 128, 56, 56), (256, 64, 56, 56), (64, 64, 112, 112), (64, 256, 56, 56)]
 BN_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_NHWC_TILE_STASH": "0"}, {"CUDADOCTOR_OPS_BN_NHWC_TILE_ONCE": "0"}]
+BNP_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_FUSED_BWD": "0"}, {"CUDADOCTOR_OPS_BN_FUSED_BWD": "1"}]
 CBR_CASES = [((32, 64, 56, 56), 64, "float16"), ((64, 128, 28, 28), 128, "bfloat16"),
              ((64, 64, 56, 56), 64, "bfloat16"), ((64, 256, 14, 14), 256, "bfloat16"),
              ((64, 512, 7, 7), 512, "bfloat16")]
@@ -71,6 +74,30 @@ def _child(part: str) -> None:
                 e = err(ours(), theirs())
                 out.append([f"bn train fwd {shape} {str(dt)[6:]} nhwc", timer(ours), timer(theirs),
                             e < 2e-2])
+    elif part == "bnp":
+        from cudadoctor_ops.bench_cbr import graph_ms
+
+        for shape in BN_SHAPES:
+            dt = torch.float16
+            # tensors from the CPU generator: CUDA random numbers after a graph capture of torch's
+            # BatchNorm fail ("Offset increment outside graph capture")
+            x = torch.randn(shape, dtype=dt).cuda().to(memory_format=torch.channels_last)
+            c = shape[1]
+            w = torch.rand(c).cuda() + 0.5
+            b = torch.randn(c).cuda()
+            rm, rv = torch.zeros(c, device="cuda"), torch.ones(c, device="cuda")
+            xg, wg, bg = (t.detach().requires_grad_(True) for t in (x, w, b))
+            gy = torch.randn(shape, dtype=dt).cuda().to(memory_format=torch.channels_last)
+            yo = cudadoctor_ops.batch_norm(xg, rm.clone(), rv.clone(), wg, bg, True, 0.1, 1e-5)
+            yt = F.batch_norm(xg, rm.clone(), rv.clone(), wg, bg, True, 0.1, 1e-5)
+            bo = lambda: torch.autograd.grad(yo, (xg, wg, bg), gy, retain_graph=True)  # noqa: E731
+            bt = lambda: torch.autograd.grad(yt, (xg, wg, bg), gy, retain_graph=True)  # noqa: E731
+            ok = all(err(a, b_) < 2e-2 for a, b_ in zip(bo(), bt()))
+            out.append([f"bn backward {shape} float16 nhwc", timer(bo), timer(bt), ok])
+            out.append([f"bn backward {shape} float16 nhwc (graph)", graph_ms(timer, bo) or float("nan"),
+                        graph_ms(timer, bt) or float("nan"), ok])
+            del x, xg, gy, yo, yt
+            torch.cuda.empty_cache()
     elif part == "cbr":
         for shape, k, dts in CBR_CASES:
             dt = getattr(torch, dts)
@@ -164,7 +191,7 @@ def main(argv: list[str]) -> int:
         return 0
     parts = argv or ["bn", "cbr", "dw", "dwb"]
     for part in parts:
-        settings = {"bn": BN_SETTINGS, "cbr": CBR_SETTINGS, "dw": DW_SETTINGS,
+        settings = {"bn": BN_SETTINGS, "bnp": BNP_SETTINGS, "cbr": CBR_SETTINGS, "dw": DW_SETTINGS,
                     "dwb": DWB_SETTINGS, "dww": DWW_SETTINGS}[part]
         results = [(_label(env), _run(part, env)) for env in settings]
         results = [(lab, r) for lab, r in results if r]
