@@ -17,12 +17,12 @@
 #   profile   scripts/gpu_profile.py $PROFILE_PARTS (default bn cbr dw; kernel-level breakdown)
 #   kvariants scripts/gpu_variants.py $KV_PARTS (default bn cbr dw dwb; also dww): kernel choices (switch
 #             settings) side by side against torch, one child process per setting
-#   ncu       Nsight Compute sections of scripts/gpu_ncu.py $NCU_PARTS (default dw bn; also bnh),
+#   ncu       Nsight Compute sections of scripts/gpu_ncu.py $NCU_PARTS (default dw bn; also bnh, bnbig, dws),
 #             plus $NCU_SECTIONS, appended to profile.txt
 # The sections after `build` use the installed wheel, so on a machine still warm from an earlier
 # call they can run alone. Writes at most 9 files to $OUT: summary.txt build.log tests.log
 # smoke.log bench.txt cbr.txt variants.txt kvariants.txt profile.txt. Environment: OUT, PYTHON, ARCHS, T_*,
-# TEST_WORKERS (pytest-xdist workers, default 14: tests/ops took about 210 s that way on the H200
+# TEST_PATHS (pytest paths of `tests`, default tests/ops), TEST_WORKERS (pytest-xdist workers, default 14: tests/ops took about 210 s that way on the H200
 # machine, then over 250 s once the switch tests of the depthwise weight gradient, bn_tile_nhwc's
 # merge batch and Conv+BN+ReLU's contiguous forward were added; T_TESTS defaults to 460: about 330 s by the end of 2026-11).
 set -uo pipefail
@@ -56,7 +56,7 @@ section_build() {
 section_tests() {
   local xdist="" p1 p2
   "$PY" -c "import xdist" 2>/dev/null && xdist="-n ${TEST_WORKERS:-14}"
-  ( lim "${T_TESTS:-460}" "$PY" -m pytest -q -rf -p no:cacheprovider $xdist tests/ops -m "not compile" \
+  ( lim "${T_TESTS:-460}" "$PY" -m pytest -q -rf -p no:cacheprovider $xdist ${TEST_PATHS:-tests/ops} -m "not compile" \
       >"$OUT/tests.log" 2>&1; echo "[exit $?]" >>"$OUT/tests.log" ) &
   p1=$!
   ( lim "${T_SMOKE:-300}" "$PY" -m cudadoctor smoke --installed -j 2 >"$OUT/smoke.log" 2>&1

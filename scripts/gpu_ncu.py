@@ -1,6 +1,6 @@
 """Kernels to look at under Nsight Compute, run once each between cudaProfilerStart/Stop.
 
-    ncu --profile-from-start off --section SpeedOfLight ... python scripts/gpu_ncu.py [dw] [bn] [bnh]
+    ncu --profile-from-start off --section SpeedOfLight ... python scripts/gpu_ncu.py [dw] [bn] [bnh] [bnbig] [dws]
 
 Each case runs ours and torch's version twice before the profiled region (so lazy set-up, cuDNN
 heuristics and caches stay out of it), then once inside it.
@@ -41,6 +41,32 @@ def cases(parts):
             tag = f"bn {shape} float16 nhwc train fwd"
             out.append((tag + " ours", lambda x=x, rm=rm, rv=rv, w=w, b=b: ops.batch_norm(x, rm, rv, w, b, True)))
             out.append((tag + " torch", lambda x=x, rm=rm, rv=rv, w=w, b=b: F.batch_norm(x, rm, rv, w, b, True)))
+    if "bnbig" in parts:
+        # the 102 MB channels-last float16 rows below 0.95x: every kernel of the training
+        # forward and of the backward, ours and cuDNN's (ncu flushes the caches before each, as
+        # the bench's L2 flush does)
+        x, w, b, rm, rv = bn_tensors((256, 64, 56, 56), torch.float16, True)
+        tag = "bn (256, 64, 56, 56) float16 nhwc"
+        # (default arguments bind this case's tensors: later parts reuse the names)
+        out.append((tag + " train fwd ours",
+                    lambda x=x, rm=rm, rv=rv, w=w, b=b: ops.batch_norm(x, rm, rv, w, b, True)))
+        out.append((tag + " train fwd torch",
+                    lambda x=x, rm=rm, rv=rv, w=w, b=b: F.batch_norm(x, rm, rv, w, b, True)))
+        xg, wg, bg = (t.detach().requires_grad_(True) for t in (x, w, b))
+        gy = torch.randn_like(x)
+        yo = ops.batch_norm(xg, rm.clone(), rv.clone(), wg, bg, True)
+        yt = F.batch_norm(xg, rm.clone(), rv.clone(), wg, bg, True)
+        out.append((tag + " backward ours",
+                    lambda y=yo, i=(xg, wg, bg), g=gy: torch.autograd.grad(y, i, g, retain_graph=True)))
+        out.append((tag + " backward torch",
+                    lambda y=yt, i=(xg, wg, bg), g=gy: torch.autograd.grad(y, i, g, retain_graph=True)))
+    if "dws" in parts:
+        # (1,64,128,128) float32 3x3: the forward row below its 2x target
+        x, wt = dw_tensors(1, 64, 128, 128, 3, torch.float32, False)
+        out.append(("dw (1, 64, 128, 128) k3 s1 fp32 nchw ours",
+                    lambda: ops.depthwise_conv2d(x, wt, None, 1, 1)))
+        out.append(("dw (1, 64, 128, 128) k3 s1 fp32 nchw torch",
+                    lambda: F.conv2d(x, wt, None, 1, 1, 1, 64)))
     return out
 
 

@@ -6,6 +6,9 @@
     bn   BatchNorm channels_last training forward (CUDADOCTOR_OPS_BN_NHWC_TILE_STASH=0, _ONCE=0)
     bnp  BatchNorm channels_last float16 training backward, eager and CUDA-graph replay
          (CUDADOCTOR_OPS_BN_FUSED_BWD=0 / 1: never / always the one-launch backward)
+    bnnr the same backward with CUDADOCTOR_OPS_BN_BWD_NR=0 (the channels-last reduce and apply
+         kernels that test for ReLU at run time, 2 blocks per SM), with and without the one-launch
+         backward
     cbr  Conv+BN+ReLU training forward and fwd+bwd, channels_last 16-bit (CUDADOCTOR_OPS_BN_NHWC_TILE_WIDE=0,
          _STASH=0, CUDADOCTOR_OPS_CBR_TILE=0)
     dw   depthwise channels_last forward (CUDADOCTOR_OPS_DW_V4*, against impl=nhwc_v3 and v2)
@@ -31,6 +34,8 @@ BN_SHAPES = [(64, 512, 7, 7), (64, 256, 14, 14), (64, 512, 14, 14), (64, 128, 28
              (64, 128, 56, 56), (256, 64, 56, 56), (64, 64, 112, 112), (64, 256, 56, 56)]
 BN_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_NHWC_TILE_STASH": "0"}, {"CUDADOCTOR_OPS_BN_NHWC_TILE_ONCE": "0"}]
 BNP_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_FUSED_BWD": "0"}, {"CUDADOCTOR_OPS_BN_FUSED_BWD": "1"}]
+BNNR_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_BWD_NR": "0"}, {"CUDADOCTOR_OPS_BN_FUSED_BWD": "0"},
+                 {"CUDADOCTOR_OPS_BN_FUSED_BWD": "0", "CUDADOCTOR_OPS_BN_BWD_NR": "0"}]
 CBR_CASES = [((32, 64, 56, 56), 64, "float16"), ((64, 128, 28, 28), 128, "bfloat16"),
              ((64, 64, 56, 56), 64, "bfloat16"), ((64, 256, 14, 14), 256, "bfloat16"),
              ((64, 512, 7, 7), 512, "bfloat16")]
@@ -42,6 +47,21 @@ DWB_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "0"}, {"CUDADOCTOR_OPS_DW_W
 
 DWW_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "0"}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "1"}, {"CUDADOCTOR_OPS_DW_WGRAD_PF": "1"},
                 {"CUDADOCTOR_OPS_DW_WGRAD_PF": "2"}]
+
+
+def _host_ms(fn, reps: int = 200) -> float:
+    import time
+
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / reps * 1e3
 
 
 def _child(part: str) -> None:
@@ -74,7 +94,7 @@ def _child(part: str) -> None:
                 e = err(ours(), theirs())
                 out.append([f"bn train fwd {shape} {str(dt)[6:]} nhwc", timer(ours), timer(theirs),
                             e < 2e-2])
-    elif part == "bnp":
+    elif part in ("bnp", "bnnr"):
         from cudadoctor_ops.bench_cbr import graph_ms
 
         for shape in BN_SHAPES:
@@ -96,6 +116,9 @@ def _child(part: str) -> None:
             out.append([f"bn backward {shape} float16 nhwc", timer(bo), timer(bt), ok])
             out.append([f"bn backward {shape} float16 nhwc (graph)", graph_ms(timer, bo) or float("nan"),
                         graph_ms(timer, bt) or float("nan"), ok])
+            if part == "bnnr":
+                # host time per call (no synchronisation in the loop; GPU time where that is longer)
+                out.append([f"bn backward {shape} float16 nhwc (host)", _host_ms(bo), _host_ms(bt), ok])
             del x, xg, gy, yo, yt
             torch.cuda.empty_cache()
     elif part == "cbr":
@@ -191,7 +214,8 @@ def main(argv: list[str]) -> int:
         return 0
     parts = argv or ["bn", "cbr", "dw", "dwb"]
     for part in parts:
-        settings = {"bn": BN_SETTINGS, "bnp": BNP_SETTINGS, "cbr": CBR_SETTINGS, "dw": DW_SETTINGS,
+        settings = {"bn": BN_SETTINGS, "bnp": BNP_SETTINGS, "bnnr": BNNR_SETTINGS, "cbr": CBR_SETTINGS,
+                    "dw": DW_SETTINGS,
                     "dwb": DWB_SETTINGS, "dww": DWW_SETTINGS}[part]
         results = [(_label(env), _run(part, env)) for env in settings]
         results = [(lab, r) for lab, r in results if r]

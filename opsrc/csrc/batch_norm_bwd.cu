@@ -14,6 +14,7 @@
 #include <torch/library.h>
 
 #include <cooperative_groups.h>
+#include <type_traits>
 
 #include "batch_norm_common.cuh"
 
@@ -64,12 +65,26 @@ __device__ __forceinline__ unsigned mask_bits(const uint8_t* mask, int64_t off) 
 
 // g for element i of a pack: from the mask bits (M: the kernels' template parameter, true only
 // for relu_mask_backward_cuda, so BatchNorm's own kernels compile as without a mask), else masked().
-template <bool M, typename A>
+// NR ("no ReLU"): the launch knows that relu is false, so g passes unchanged and the kernel needs
+// no registers for a and e.
+template <bool M, typename A, bool NR = false>
 __device__ __forceinline__ A gate(A g, A c, A a, A e, bool relu, const uint8_t* mask,
                                   unsigned bits, int i) {
+  if constexpr (NR) return g;
   if constexpr (M) return ((bits >> i) & 1u) ? g : A(0);
   return masked(g, c, a, e, relu);
 }
+
+// Blocks per SM the channels-last reduce and apply kernels are compiled for (the register cap
+// of __launch_bounds__): 2 in general (they hold V channels' worth of coefficients and sums per
+// thread: 80-112 registers for 16-byte packs), 3 for float16 without ReLU (NR), where a and e
+// drop out and ptxas (sm_90) fits both kernels in 80 registers without spills (78 and 80; for
+// bfloat16 the apply spilled, so it stays at 2): 24 warps per SM instead of 16, so more loads in
+// flight. CUDADOCTOR_OPS_BN_BWD_NR=0 runs the general kernels instead (read once).
+template <typename T, bool NR>
+struct BwdNhwcMinBlocks {
+  static constexpr int value = (NR && std::is_same<T, c10::Half>::value) ? 3 : 2;
+};
 
 // x, dy: [N, C, HW]. The block reduces slice `split` of `splits` of channel c into ws:
 // [C, splits, 3] = (sum g, sum g*c, sum c). kLoop: the caller loops over items with the same
@@ -166,7 +181,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 // x, dy: [R, C]; block (TX, TY), grid (ceil(C/V/TX), splits). The block reduces its channels
 // over the rows blockIdx.y * TY + threadIdx.y + k * splits * TY into ws [C, splits, 3].
 // sm: TY * TX * V * 3 accumulators (dynamic shared memory).
-template <typename T, int V, bool M = false>
+template <typename T, int V, bool M = false, bool NR = false>
 __device__ __forceinline__ void bwd_reduce_nhwc_block(
     const T* __restrict__ x, const T* __restrict__ dy, typename Acc<T>::type* __restrict__ ws,
     int64_t R, int64_t C, const typename Acc<T>::type* save_mean,
@@ -219,7 +234,8 @@ __device__ __forceinline__ void bwd_reduce_nhwc_block(
 #pragma unroll
           for (int i = 0; i < V; ++i) {
             const A cx = static_cast<A>(px[u].v[i]) - mean[i];
-            const A g = gate<M>(static_cast<A>(pg[u].v[i]), cx, a[i], e[i], relu, mask, bits[u], i);
+            const A g =
+                gate<M, A, NR>(static_cast<A>(pg[u].v[i]), cx, a[i], e[i], relu, mask, bits[u], i);
             sg[i] += g;
             sgc[i] += g * cx;
             sc[i] += cx;
@@ -258,8 +274,8 @@ __device__ __forceinline__ void bwd_reduce_nhwc_block(
 }
 
 // dynamic smem TY*TX*V*3 sums.
-template <typename T, int V, bool M = false>
-__global__ void __launch_bounds__(kThreads, 2)
+template <typename T, int V, bool M = false, bool NR = false>
+__global__ void __launch_bounds__(kThreads, BwdNhwcMinBlocks<T, NR>::value)
     bn_bwd_reduce_nhwc(const T* __restrict__ x, const T* __restrict__ dy,
                        typename Acc<T>::type* __restrict__ ws, int64_t R, int64_t C,
                        const typename Acc<T>::type* save_mean,
@@ -267,8 +283,8 @@ __global__ void __launch_bounds__(kThreads, 2)
                        const typename Acc<T>::type* reserve, const void* weight, int wkind,
                        const void* bias, int bkind, bool relu, const uint8_t* mask) {
   extern __shared__ unsigned char smem_raw[];
-  bwd_reduce_nhwc_block<T, V, M>(x, dy, ws, R, C, save_mean, save_invstd, reserve, weight, wkind,
-                              bias, bkind, relu, mask,
+  bwd_reduce_nhwc_block<T, V, M, NR>(x, dy, ws, R, C, save_mean, save_invstd, reserve, weight,
+                                     wkind, bias, bkind, relu, mask,
                               reinterpret_cast<typename Acc<T>::type*>(smem_raw));
 }
 
@@ -443,7 +459,7 @@ __device__ __forceinline__ void load_bwd_coef(const A* coef, int64_t cv, A (&mea
   }
 }
 
-template <bool M, typename T, int V, typename A>
+template <bool M, typename T, int V, typename A, bool NR = false>
 __device__ __forceinline__ Pack<T, V> bwd_dx_pack(const Pack<T, V>& px, const Pack<T, V>& pg,
                                                   unsigned bits, const A (&mean)[V],
                                                   const A (&a)[V], const A (&B)[V],
@@ -453,15 +469,15 @@ __device__ __forceinline__ Pack<T, V> bwd_dx_pack(const Pack<T, V>& px, const Pa
 #pragma unroll
   for (int i = 0; i < V; ++i) {
     const A cx = need_x ? static_cast<A>(px.v[i]) - mean[i] : A(0);
-    const A g = gate<M>(static_cast<A>(pg.v[i]), cx, a[i], e[i], relu, mask, bits, i);
+    const A g = gate<M, A, NR>(static_cast<A>(pg.v[i]), cx, a[i], e[i], relu, mask, bits, i);
     o.v[i] = static_cast<T>(a[i] * g + B[i] * cx + D[i]);
   }
   return o;
 }
 
 // x, dy, dx: [R, C]; block/grid like bn_bwd_reduce_nhwc.
-template <typename T, int V, bool M = false>
-__global__ void __launch_bounds__(kThreads, 2)
+template <typename T, int V, bool M = false, bool NR = false>
+__global__ void __launch_bounds__(kThreads, BwdNhwcMinBlocks<T, NR>::value)
     bn_bwd_apply_nhwc(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
                       const typename Acc<T>::type* __restrict__ coef, int64_t R, int64_t C,
                       bool relu, bool need_x, const uint8_t* mask) {
@@ -490,7 +506,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int u = 0; u < U; ++u) {
       if (r + u * rstride < R) {
         *reinterpret_cast<Pack<T, V>*>(dx + (R - 1 - r - u * rstride) * C + cv * V) =
-            bwd_dx_pack<M, T, V>(px[u], pg[u], bits[u], mean, a, B, D, e, relu, need_x, mask);
+            bwd_dx_pack<M, T, V, A, NR>(px[u], pg[u], bits[u], mean, a, B, D, e, relu, need_x,
+                                        mask);
       }
     }
   }
@@ -607,6 +624,11 @@ __global__ void __launch_bounds__(kThreads, FusedNhwcMinBlocks<T, V>::value)
 // launch against 54.3 / 54.5 / 49.9 us as reduce -> finalize -> apply; at 51 MB the two were even.
 constexpr int64_t kFusedBwdMaxBytes = int64_t(16) << 20;
 constexpr int64_t kFusedBwdMaxBytesNhwc = int64_t(32) << 20;
+
+inline int bwd_nr_setting() {
+  static const int v = env_switch("CUDADOCTOR_OPS_BN_BWD_NR");
+  return v;
+}
 
 inline int fused_bwd_setting() {
   static const int v = env_switch("CUDADOCTOR_OPS_BN_FUSED_BWD");
@@ -822,15 +844,24 @@ void launch_backward(const Layout& l, const at::Tensor& dy, const at::Tensor& dx
   }
   int splits = 0;
   at::Tensor ws;
+  // channels-last without ReLU: the kernels that leave the ReLU test out (see BwdNhwcMinBlocks;
+  // their template argument is !M so that the masked instantiation adds no kernel)
+  const bool nr = !M && !relu && bwd_nr_setting() != 0;
   if (need_reduce) {
     // reads x and grad_out: twice the bytes per row against the same partials
-    const Plan p = l.nhwc ? plan_launch(bn_bwd_reduce_nhwc<T, V, M>, true, l.N, l.C, l.HW, V,
-                                        V * 3 * sizeof(A), device, 2 * sizeof(T))
-                          : plan_launch(bn_bwd_reduce_nchw<T, V, M>, false, l.N, l.C, l.HW, V, 0,
-                                        device);
+    const Plan p =
+        l.nhwc ? (nr ? plan_launch(bn_bwd_reduce_nhwc<T, V, M, !M>, true, l.N, l.C, l.HW, V,
+                                   V * 3 * sizeof(A), device, 2 * sizeof(T))
+                     : plan_launch(bn_bwd_reduce_nhwc<T, V, M>, true, l.N, l.C, l.HW, V,
+                                   V * 3 * sizeof(A), device, 2 * sizeof(T)))
+               : plan_launch(bn_bwd_reduce_nchw<T, V, M>, false, l.N, l.C, l.HW, V, 0, device);
     splits = p.splits;
     ws = at::empty({l.C * splits * 3}, acc_opts);
-    if (l.nhwc) {
+    if (l.nhwc && nr) {
+      bn_bwd_reduce_nhwc<T, V, M, !M><<<p.grid, p.block, p.smem, stream>>>(
+          x, g, ws.data_ptr<A>(), R, l.C, sm, si, rs, param_ptr(w), param_kind(w), param_ptr(b),
+          param_kind(b), relu, mask);
+    } else if (l.nhwc) {
       bn_bwd_reduce_nhwc<T, V, M><<<p.grid, p.block, p.smem, stream>>>(
           x, g, ws.data_ptr<A>(), R, l.C, sm, si, rs, param_ptr(w), param_kind(w), param_ptr(b),
           param_kind(b), relu, mask);
@@ -859,7 +890,13 @@ void launch_backward(const Layout& l, const at::Tensor& dy, const at::Tensor& dx
     bn_bwd_finalize<A><<<fgrid, warps * 32, 0, stream>>>(f, l.C, coef.data_ptr<A>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  if (dx.defined()) {
+  if (dx.defined() && nr) {
+    const Plan p =
+        plan_launch(bn_bwd_apply_nhwc<T, V, M, !M>, true, l.N, l.C, l.HW, V, 0, device);
+    bn_bwd_apply_nhwc<T, V, M, !M><<<p.grid, p.block, 0, stream>>>(
+        x, g, dx.data_ptr<T>(), coef.data_ptr<A>(), R, l.C, relu, need_x, mask);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  } else if (dx.defined()) {
     const Plan p = plan_launch(bn_bwd_apply_nhwc<T, V, M>, true, l.N, l.C, l.HW, V, 0, device);
     bn_bwd_apply_nhwc<T, V, M><<<p.grid, p.block, 0, stream>>>(
         x, g, dx.data_ptr<T>(), coef.data_ptr<A>(), R, l.C, relu, need_x, mask);
