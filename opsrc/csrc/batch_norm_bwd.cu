@@ -369,6 +369,53 @@ __global__ void bn_bwd_finalize(BwdArgs<A> f, int64_t C, A* __restrict__ coef) {
   finish_bwd_channel(f, c, sg, sgc, sc, true, coef + c * 5);
 }
 
+// As bn_bwd_finalize with one block of kFinThreads per channel (grid C; see kFinThreads).
+template <typename A>
+__global__ void __launch_bounds__(kFinThreads)
+    bn_bwd_finalize_blk(BwdArgs<A> f, A* __restrict__ coef) {
+  constexpr int W = kFinThreads / 32;
+  __shared__ A sh[3][W];
+  const int64_t c = blockIdx.x;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const A* pc = f.ws + c * f.splits * 3;
+  A sg = 0, sgc = 0, sc = 0;
+  for (int s0 = threadIdx.x; s0 < f.splits; s0 += kFinThreads * kFinBatch) {
+    A p0[kFinBatch], p1[kFinBatch], p2[kFinBatch];
+#pragma unroll
+    for (int u = 0; u < kFinBatch; ++u) {
+      const int s = s0 + kFinThreads * u;
+      p0[u] = 0;
+      p1[u] = 0;
+      p2[u] = 0;
+      if (s < f.splits) {
+        p0[u] = pc[s * 3 + 0];
+        p1[u] = pc[s * 3 + 1];
+        p2[u] = pc[s * 3 + 2];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kFinBatch; ++u) {
+      sg += p0[u];
+      sgc += p1[u];
+      sc += p2[u];
+    }
+  }
+  sg = warp_sum(sg);
+  sgc = warp_sum(sgc);
+  sc = warp_sum(sc);
+  if (lane == 0) {
+    sh[0][warp] = sg;
+    sh[1][warp] = sgc;
+    sh[2][warp] = sc;
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  sg = warp_sum(lane < W ? sh[0][lane] : A(0));
+  sgc = warp_sum(lane < W ? sh[1][lane] : A(0));
+  sc = warp_sum(lane < W ? sh[2][lane] : A(0));
+  if (lane == 0) finish_bwd_channel(f, c, sg, sgc, sc, true, coef + c * 5);
+}
+
 // x, dy, dx: [N, C, HW]. The block applies slice `split` of `splits` of channel c. Warp 0
 // finishes the channel first from the f.splits partials; split 0 stores the parameter grads.
 // need_x: false only for eval without ReLU. kLoop: as bwd_reduce_nchw_item (the barrier costs
@@ -884,7 +931,11 @@ void launch_backward(const Layout& l, const at::Tensor& dy, const at::Tensor& dx
     return;
   }
   at::Tensor coef = at::empty({l.C, 5}, acc_opts);
-  {
+  if (need_reduce && fin_block_setting() != 0) {
+    bn_bwd_finalize_blk<A><<<static_cast<unsigned>(l.C), kFinThreads, 0, stream>>>(
+        f, coef.data_ptr<A>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  } else {
     const int warps = 8;
     const unsigned fgrid = static_cast<unsigned>((l.C + warps - 1) / warps);
     bn_bwd_finalize<A><<<fgrid, warps * 32, 0, stream>>>(f, l.C, coef.data_ptr<A>());

@@ -206,6 +206,19 @@ __device__ __forceinline__ GridWarps grid_warps() {
 // ---- host helpers ----
 
 // A kernel switch from the environment: -1 unset, 0 for a value starting with '0', else 1.
+// Finalize kernels with one block of kFinThreads per channel (bn_finalize_fwd_blk,
+// bn_bwd_finalize_blk): a thread merges every kFinThreads-th partial, kFinBatch loads in flight
+// before it merges them, then the warps' results meet in shared memory. Against one warp per
+// channel, a channel's chain of merges is 4x shorter. CUDADOCTOR_OPS_BN_FIN_BLOCK=0: one warp
+// per channel as before (read once).
+constexpr int kFinThreads = 128;
+constexpr int kFinBatch = 4;
+
+// Non-blocking: brings the line of p into L2 for a load later in the kernel.
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
 inline int env_switch(const char* name) {
   const char* e = std::getenv(name);
   if (e == nullptr || *e == '\0') return -1;
@@ -219,6 +232,12 @@ inline int env_choice(const char* name, std::initializer_list<int> allowed, int 
   for (int a : allowed)
     if (v == a) return v;
   return fallback;
+}
+
+// CUDADOCTOR_OPS_BN_FIN_BLOCK (see kFinThreads), read once.
+inline int fin_block_setting() {
+  static const int v = env_switch("CUDADOCTOR_OPS_BN_FIN_BLOCK");
+  return v;
 }
 
 // CUDADOCTOR_OPS_BN_SINGLEREAD (single-read contiguous forward and backward), read once.

@@ -364,6 +364,60 @@ __global__ void bn_finalize_fwd(const T* __restrict__ x, FwdArgs<typename Acc<T>
   coef[c * 3 + 2] = b;
 }
 
+// As bn_finalize_fwd with one block of kFinThreads per channel (grid C): shorter merge chains,
+// and the shift K (x's row 0, long out of L2 after a large statistics pass) prefetched while the
+// partials merge. Same results up to the order of the merges.
+template <typename T>
+__global__ void __launch_bounds__(kFinThreads)
+    bn_finalize_fwd_blk(const T* __restrict__ x, FwdArgs<typename Acc<T>::type> f,
+                        typename Acc<T>::type* __restrict__ coef) {
+  using A = typename Acc<T>::type;
+  constexpr int W = kFinThreads / 32;
+  __shared__ A sh[3][W];
+  const int64_t c = blockIdx.x;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (threadIdx.x == 0) prefetch_l2(x + c * f.k_stride);
+  const A* pc = f.ws + c * f.splits * 3;
+  A ms = 0, m2 = 0, n = 0;
+  for (int s0 = threadIdx.x; s0 < f.splits; s0 += kFinThreads * kFinBatch) {
+    A pm[kFinBatch], pq[kFinBatch], pn[kFinBatch];
+#pragma unroll
+    for (int u = 0; u < kFinBatch; ++u) {
+      const int s = s0 + kFinThreads * u;
+      pm[u] = 0;
+      pq[u] = 0;
+      pn[u] = 0;
+      if (s < f.splits) {
+        pm[u] = pc[s * 3 + 0];
+        pq[u] = pc[s * 3 + 1];
+        pn[u] = pc[s * 3 + 2];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kFinBatch; ++u)
+      if (s0 + kFinThreads * u < f.splits) welford_merge(ms, m2, n, pm[u], pq[u], pn[u]);
+  }
+  warp_welford(ms, m2, n);
+  if (lane == 0) {
+    sh[0][warp] = ms;
+    sh[1][warp] = m2;
+    sh[2][warp] = n;
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  ms = lane < W ? sh[0][lane] : A(0);
+  m2 = lane < W ? sh[1][lane] : A(0);
+  n = lane < W ? sh[2][lane] : A(0);
+  warp_welford(ms, m2, n);
+  if (lane == 0) {
+    A K, a, b;
+    finish_channel(x, c, f, ms, m2, n, true, K, a, b);
+    coef[c * 3 + 0] = K;
+    coef[c * 3 + 1] = a;
+    coef[c * 3 + 2] = b;
+  }
+}
+
 template <typename A>
 __device__ __forceinline__ A act(A y, bool relu) {
   return (relu && y < A(0)) ? A(0) : y;  // NaN passes through like torch.relu
@@ -1735,9 +1789,13 @@ void launch_forward(const Layout& l, const at::Tensor& out, bool training, doubl
     A* coef = nullptr;
     if (training) {
       coef = ws.data_ptr<A>() + l.C * f.splits * 3;
-      const int warps = 8;
-      const unsigned fgrid = static_cast<unsigned>((l.C + warps - 1) / warps);
-      bn_finalize_fwd<T><<<fgrid, warps * 32, 0, stream>>>(x, f, l.C, coef);
+      if (fin_block_setting() != 0) {
+        bn_finalize_fwd_blk<T><<<static_cast<unsigned>(l.C), kFinThreads, 0, stream>>>(x, f, coef);
+      } else {
+        const int warps = 8;
+        const unsigned fgrid = static_cast<unsigned>((l.C + warps - 1) / warps);
+        bn_finalize_fwd<T><<<fgrid, warps * 32, 0, stream>>>(x, f, l.C, coef);
+      }
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
     const Plan p = plan_launch(bn_apply_nhwc<T, V>, true, l.N, l.C, l.HW, V, 0, device);

@@ -493,6 +493,7 @@ _FUSED_CHILD = textwrap.dedent(
 _NO_TILE = {"CUDADOCTOR_OPS_BN_NHWC_TILE": "0"}  # the persist / fused choices below
 _SWITCH_CASES = [
     ("nhwc", {"CUDADOCTOR_OPS_BN_FUSED": "0"}),
+    ("nhwc", {"CUDADOCTOR_OPS_BN_FUSED": "0", "CUDADOCTOR_OPS_BN_FIN_BLOCK": "0"}),
     ("nhwc", {"CUDADOCTOR_OPS_BN_FUSED": "1"}),
     ("nhwc", {"CUDADOCTOR_OPS_BN_FUSED": "1", **_NO_TILE}),
     ("nhwc", {"CUDADOCTOR_OPS_BN_FUSED": "1", "CUDADOCTOR_OPS_BN_NHWC_PERSIST": "0", **_NO_TILE}),
@@ -513,7 +514,8 @@ def test_training_forward_kernel_choices(ops, layout, switches):
     channels_last with CUDADOCTOR_OPS_BN_FUSED=1 (one cooperative launch: the channel-tiled kernel
     where it fits, its tile width forced with _TILE_CT=32 / 64; with _NHWC_TILE=0 the
     register-persistent kernel, with CUDADOCTOR_OPS_BN_NHWC_PERSIST=0 the previous one,
-    _PERSIST_ROWS=8 / 1 its widest / finest grid) or 0 (stats -> finalize -> apply); contiguous with CUDADOCTOR_OPS_BN_SINGLEREAD=1 (one block per channel
+    _PERSIST_ROWS=8 / 1 its widest / finest grid) or 0 (stats -> finalize -> apply, the finalize
+    with one block per channel or, with CUDADOCTOR_OPS_BN_FIN_BLOCK=0, one warp); contiguous with CUDADOCTOR_OPS_BN_SINGLEREAD=1 (one block per channel
     held in shared memory), or without it CUDADOCTOR_OPS_BN_FUSED_NCHW=1 / 0 (one cooperative
     launch / stats -> apply). The switches are read once per process, hence a child."""
     env = dict(os.environ, **switches)

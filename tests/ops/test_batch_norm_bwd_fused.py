@@ -203,10 +203,12 @@ _AUTO_CHILD = _COMMON + textwrap.dedent(
 TOL = {"float32": 1e-4, "float16": 3e-3, "bfloat16": 1.5e-2}
 
 
-def _run_child(ops, code, args, env_value, singleread=None):
+def _run_child(ops, code, args, env_value, singleread=None, extra=None):
     env = dict(os.environ)
-    env.pop("CUDADOCTOR_OPS_BN_FUSED_BWD", None)
-    env.pop("CUDADOCTOR_OPS_BN_SINGLEREAD", None)
+    for name in ("CUDADOCTOR_OPS_BN_FUSED_BWD", "CUDADOCTOR_OPS_BN_SINGLEREAD",
+                 "CUDADOCTOR_OPS_BN_BWD_NR", "CUDADOCTOR_OPS_BN_FIN_BLOCK"):
+        env.pop(name, None)
+    env.update(extra or {})
     if env_value is not None:
         env["CUDADOCTOR_OPS_BN_FUSED_BWD"] = env_value
     if singleread is not None:
@@ -221,17 +223,22 @@ def _run_child(ops, code, args, env_value, singleread=None):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("layout,fused,singleread", [
-    ("nchw", "0", "0"), ("nchw", "1", "0"), ("channels_last", "0", None), ("channels_last", "1", None),
-    ("nchw", "0", "1"),
-])
-def test_backward_vs_float64_with_and_without_the_one_launch_kernel(ops, layout, fused, singleread):
+_OLD_NHWC = {"CUDADOCTOR_OPS_BN_BWD_NR": "0", "CUDADOCTOR_OPS_BN_FIN_BLOCK": "0"}
+
+
+@pytest.mark.parametrize("layout,fused,singleread,extra", [
+    ("nchw", "0", "0", None), ("nchw", "1", "0", None), ("channels_last", "0", None, None),
+    ("channels_last", "1", None, None), ("nchw", "0", "1", None), ("channels_last", "0", None, _OLD_NHWC),
+], ids=["nchw-0-0", "nchw-1-0", "channels_last-0", "channels_last-1", "nchw-0-1", "channels_last-0-nr0-fin0"])
+def test_backward_vs_float64_with_and_without_the_one_launch_kernel(ops, layout, fused, singleread, extra):
     """grad_input / grad_weight / grad_bias of every output_mask combination (through the op and
     through autograd, weight/bias-only included), training and eval, with and without ReLU and
     affine parameters, float32 / float16 / bfloat16, against float64 torch. With
     CUDADOCTOR_OPS_BN_SINGLEREAD=1 the contiguous cases with small channels run
-    bn_bwd_singleread_nchw (one block per channel in shared memory) instead."""
-    res = _run_child(ops, _CHILD, [layout], fused, singleread)
+    bn_bwd_singleread_nchw (one block per channel in shared memory) instead. Channels-last
+    multi-kernel runs without ReLU take the reduce / apply kernels built without the ReLU test and
+    the block-per-channel finalize; CUDADOCTOR_OPS_BN_BWD_NR=0 and _FIN_BLOCK=0 the earlier ones."""
+    res = _run_child(ops, _CHILD, [layout], fused, singleread, extra)
     records = res["records"]
     # 6 shapes x 3 dtypes x 2 modes x 2 activations: 7 masks with and without affine + 2 autograd
     assert len(records) == 6 * 3 * 2 * 2 * (7 * 2 + 2)
