@@ -153,6 +153,13 @@ def bn_targets(kind: str, shape: tuple, dtype: str, layout: str) -> tuple[float,
     return 0.95, 0.0
 
 
+def x_format(x: torch.Tensor) -> torch.memory_format:
+    """channels_last for a channels-last 4-D tensor, else contiguous."""
+    if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
+        return torch.channels_last
+    return torch.contiguous_format
+
+
 def bench_batch_norm(args, timer: Timer, copy_tbps: float) -> list[Row]:
     from .batch_norm import batch_norm as bn_op
 
@@ -169,14 +176,16 @@ def bench_batch_norm(args, timer: Timer, copy_tbps: float) -> list[Row]:
         seen.add((shape, dt, layout))
         dtype = _DT[dt]
         c = shape[1]
-        x = torch.randn(shape, device="cuda", dtype=dtype)
+        # random values from the CPU generator: with --graph, CUDA random numbers after the capture
+        # of torch's BatchNorm fail ("Offset increment outside graph capture")
+        x = torch.randn(shape, dtype=dtype).cuda()
         if layout == "nhwc":
             x = x.contiguous(memory_format=torch.channels_last)
         # float32 parameters and running stats (as under autocast): torch's fastest (cuDNN) path
-        w = torch.rand(c, device="cuda") + 0.5
-        b = torch.randn(c, device="cuda")
+        w = torch.rand(c).cuda() + 0.5
+        b = torch.randn(c).cuda()
         rm, rv = torch.zeros(c, device="cuda"), torch.ones(c, device="cuda")
-        gy = torch.randn_like(x)
+        gy = torch.randn(shape, dtype=dtype).cuda().contiguous(memory_format=x_format(x))
         size = x.numel() * x.element_size()
 
         def add(kind, ours, theirs, mult):
