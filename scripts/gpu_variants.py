@@ -52,21 +52,6 @@ DWW_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "0"}, {"CUDADOCTOR_OPS_DW_W
                 {"CUDADOCTOR_OPS_DW_WGRAD_PF": "2"}]
 
 
-def _host_ms(fn, reps: int = 200) -> float:
-    import time
-
-    import torch
-
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / reps * 1e3
-
-
 def _child(part: str) -> None:
     import torch
     import torch.nn.functional as F
@@ -129,7 +114,9 @@ def _child(part: str) -> None:
                         graph_ms(timer, bt) or float("nan"), ok])
             if part == "bnnr":
                 # host time per call (no synchronisation in the loop; GPU time where that is longer)
-                out.append([f"bn backward {shape} float16 nhwc (host)", _host_ms(bo), _host_ms(bt), ok])
+                from gpu_profile import host_us  # scripts/ is sys.path[0] when run as a script
+
+                out.append([f"bn backward {shape} float16 nhwc (host)", host_us(bo) / 1e3, host_us(bt) / 1e3, ok])
             del x, xg, gy, yo, yt
             torch.cuda.empty_cache()
     elif part == "cbr":

@@ -377,29 +377,14 @@ __global__ void __launch_bounds__(kFinThreads)
   __shared__ A sh[3][W];
   const int64_t c = blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const A* pc = f.ws + c * f.splits * 3;
   A sg = 0, sgc = 0, sc = 0;
-  for (int s0 = threadIdx.x; s0 < f.splits; s0 += kFinThreads * kFinBatch) {
-    A p0[kFinBatch], p1[kFinBatch], p2[kFinBatch];
-#pragma unroll
-    for (int u = 0; u < kFinBatch; ++u) {
-      const int s = s0 + kFinThreads * u;
-      p0[u] = 0;
-      p1[u] = 0;
-      p2[u] = 0;
-      if (s < f.splits) {
-        p0[u] = pc[s * 3 + 0];
-        p1[u] = pc[s * 3 + 1];
-        p2[u] = pc[s * 3 + 2];
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kFinBatch; ++u) {
-      sg += p0[u];
-      sgc += p1[u];
-      sc += p2[u];
-    }
-  }
+  const auto add = [&](A g, A gc, A cc) {
+    sg += g;
+    sgc += gc;
+    sc += cc;
+  };
+  for_partials<kFinBatch, true>(f.ws + c * f.splits * 3, f.splits, int(threadIdx.x), kFinThreads,
+                                add);
   sg = warp_sum(sg);
   sgc = warp_sum(sgc);
   sc = warp_sum(sc);

@@ -214,6 +214,32 @@ __device__ __forceinline__ GridWarps grid_warps() {
 constexpr int kFinThreads = 128;
 constexpr int kFinBatch = 4;
 
+// Calls f(p[0], p[1], p[2]) for the partials p = pc + 3 * s of s = first, first + step, ... <
+// splits, in that order, with B of them loaded before the calls (B loads in flight instead of
+// one dependent round trip per partial). kZeros: f also gets (0, 0, 0) for the slots past
+// splits (for sums: no test per slot, so the compiler unrolls further).
+template <int B, bool kZeros = false, typename A, typename F>
+__device__ __forceinline__ void for_partials(const A* pc, int splits, int first, int step, F&& f) {
+  for (int s0 = first; s0 < splits; s0 += step * B) {
+    A p0[B], p1[B], p2[B];
+#pragma unroll
+    for (int u = 0; u < B; ++u) {
+      const int s = s0 + step * u;
+      p0[u] = 0;
+      p1[u] = 0;
+      p2[u] = 0;
+      if (s < splits) {
+        p0[u] = pc[s * 3 + 0];
+        p1[u] = pc[s * 3 + 1];
+        p2[u] = pc[s * 3 + 2];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < B; ++u)
+      if (kZeros || s0 + step * u < splits) f(p0[u], p1[u], p2[u]);
+  }
+}
+
 // Non-blocking: brings the line of p into L2 for a load later in the kernel.
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));

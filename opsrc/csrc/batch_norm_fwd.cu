@@ -347,6 +347,18 @@ __device__ __forceinline__ void finish_channel(const T* x, int64_t c, const FwdA
   }
 }
 
+// finish_channel of a training channel (saved and running statistics stored) with its
+// coefficients (K, a, b) into coef [C, 3].
+template <typename A, typename T>
+__device__ __forceinline__ void finish_to_coef(const T* x, int64_t c, const FwdArgs<A>& f, A ms,
+                                               A m2, A n, A* coef) {
+  A K, a, b;
+  finish_channel(x, c, f, ms, m2, n, true, K, a, b);
+  coef[c * 3 + 0] = K;
+  coef[c * 3 + 1] = a;
+  coef[c * 3 + 2] = b;
+}
+
 // Channels-last training only: one warp per channel merges the partials into coef [C, 3].
 template <typename T>
 __global__ void bn_finalize_fwd(const T* __restrict__ x, FwdArgs<typename Acc<T>::type> f,
@@ -357,11 +369,7 @@ __global__ void bn_finalize_fwd(const T* __restrict__ x, FwdArgs<typename Acc<T>
   A ms, m2, n;
   warp_merge_partials(f.ws, f.splits, c, ms, m2, n);
   if ((threadIdx.x & 31) != 0) return;
-  A K, a, b;
-  finish_channel(x, c, f, ms, m2, n, true, K, a, b);
-  coef[c * 3 + 0] = K;
-  coef[c * 3 + 1] = a;
-  coef[c * 3 + 2] = b;
+  finish_to_coef(x, c, f, ms, m2, n, coef);
 }
 
 // As bn_finalize_fwd with one block of kFinThreads per channel (grid C): shorter merge chains,
@@ -377,26 +385,9 @@ __global__ void __launch_bounds__(kFinThreads)
   const int64_t c = blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) prefetch_l2(x + c * f.k_stride);
-  const A* pc = f.ws + c * f.splits * 3;
   A ms = 0, m2 = 0, n = 0;
-  for (int s0 = threadIdx.x; s0 < f.splits; s0 += kFinThreads * kFinBatch) {
-    A pm[kFinBatch], pq[kFinBatch], pn[kFinBatch];
-#pragma unroll
-    for (int u = 0; u < kFinBatch; ++u) {
-      const int s = s0 + kFinThreads * u;
-      pm[u] = 0;
-      pq[u] = 0;
-      pn[u] = 0;
-      if (s < f.splits) {
-        pm[u] = pc[s * 3 + 0];
-        pq[u] = pc[s * 3 + 1];
-        pn[u] = pc[s * 3 + 2];
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kFinBatch; ++u)
-      if (s0 + kFinThreads * u < f.splits) welford_merge(ms, m2, n, pm[u], pq[u], pn[u]);
-  }
+  const auto merge = [&](A pm, A pq, A pn) { welford_merge(ms, m2, n, pm, pq, pn); };
+  for_partials<kFinBatch>(f.ws + c * f.splits * 3, f.splits, int(threadIdx.x), kFinThreads, merge);
   warp_welford(ms, m2, n);
   if (lane == 0) {
     sh[0][warp] = ms;
@@ -409,13 +400,7 @@ __global__ void __launch_bounds__(kFinThreads)
   m2 = lane < W ? sh[1][lane] : A(0);
   n = lane < W ? sh[2][lane] : A(0);
   warp_welford(ms, m2, n);
-  if (lane == 0) {
-    A K, a, b;
-    finish_channel(x, c, f, ms, m2, n, true, K, a, b);
-    coef[c * 3 + 0] = K;
-    coef[c * 3 + 1] = a;
-    coef[c * 3 + 2] = b;
-  }
+  if (lane == 0) finish_to_coef(x, c, f, ms, m2, n, coef);
 }
 
 template <typename A>
@@ -602,34 +587,11 @@ __device__ __forceinline__ void persist_finish_channels(const T* __restrict__ x,
   const GridWarps gw = grid_warps();
   const int lane = gw.lane;
   for (int64_t c = gw.first; c < C; c += gw.stride) {
-    const A* pc = ws + c * splits * 3;
     A ms = 0, m2 = 0, n = 0;
-    for (int s0 = lane; s0 < splits; s0 += 32 * kPersistMergeBatch) {
-      A pm[kPersistMergeBatch], pq[kPersistMergeBatch], pn[kPersistMergeBatch];
-#pragma unroll
-      for (int u = 0; u < kPersistMergeBatch; ++u) {
-        const int s = s0 + 32 * u;
-        pm[u] = 0;
-        pq[u] = 0;
-        pn[u] = 0;
-        if (s < splits) {
-          pm[u] = pc[s * 3 + 0];
-          pq[u] = pc[s * 3 + 1];
-          pn[u] = pc[s * 3 + 2];
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kPersistMergeBatch; ++u)
-        if (s0 + 32 * u < splits) welford_merge(ms, m2, n, pm[u], pq[u], pn[u]);
-    }
+    const auto merge = [&](A pm, A pq, A pn) { welford_merge(ms, m2, n, pm, pq, pn); };
+    for_partials<kPersistMergeBatch>(ws + c * splits * 3, splits, lane, 32, merge);
     warp_welford(ms, m2, n);
-    if (lane == 0) {
-      A K, a, b;
-      finish_channel(x, c, f, ms, m2, n, true, K, a, b);
-      coef[c * 3 + 0] = K;
-      coef[c * 3 + 1] = a;
-      coef[c * 3 + 2] = b;
-    }
+    if (lane == 0) finish_to_coef(x, c, f, ms, m2, n, coef);
   }
 }
 
@@ -1084,13 +1046,7 @@ __global__ void __launch_bounds__(kThreads)
         welford_merge(ms, m2, n, p[0], p[1], p[2]);
       }
       warp_welford(ms, m2, n);
-      if (lane == 0) {
-        A K, a, b;
-        finish_channel(x, c, f, ms, m2, n, true, K, a, b);
-        coef[c * 3 + 0] = K;
-        coef[c * 3 + 1] = a;
-        coef[c * 3 + 2] = b;
-      }
+      if (lane == 0) finish_to_coef(x, c, f, ms, m2, n, coef);
     }
   }
   grid.sync();
