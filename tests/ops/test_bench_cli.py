@@ -51,3 +51,41 @@ def test_graph_rows_carry_their_own_verdict(bench, monkeypatch):
     assert "backward (graph)" in lines[1] and lines[1].rstrip().endswith("yes")
     assert lines[0].rstrip().endswith("NO")
     assert "1/2 rows meet their target" in text
+
+
+def test_x_format_names_the_memory_format_of_the_input(bench):
+    x = torch.empty(2, 3, 4, 5)
+    assert bench.x_format(x) == torch.contiguous_format
+    assert bench.x_format(x.contiguous(memory_format=torch.channels_last)) == torch.channels_last
+    # one channel: channels_last and contiguous at once, so contiguous
+    one = torch.empty(2, 1, 4, 5).contiguous(memory_format=torch.channels_last)
+    assert bench.x_format(one) == torch.contiguous_format
+    assert bench.x_format(torch.empty(6, 7)) == torch.contiguous_format
+
+
+@pytest.mark.gpu
+def test_graph_bench_runs_every_quick_case_on_a_gpu(ops, tmp_path):
+    """`bench batch_norm --quick --graph` on a GPU: exit 0, and a graph row for the training
+    forward and the backward of every case. Before the benchmark tensors came from the CPU
+    generator, the second case's CUDA random numbers failed after the first case's graph capture
+    of torch's BatchNorm ("Offset increment outside graph capture") and the bench ended in a
+    traceback."""
+    import json
+    import os
+    import subprocess
+
+    out = tmp_path / "rows.json"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(pathlib.Path(ops.__file__).parents[1]), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, "-m", "cudadoctor_ops.bench", "batch_norm", "--quick", "--graph", "--rep-ms", "5",
+         "--json-out", str(out)],
+        capture_output=True, text=True, timeout=600, env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    rows = json.loads(out.read_text())["rows"]
+    cases = {(tuple(r["shape"]), r["dtype"], r["layout"]) for r in rows}
+    assert len(cases) >= 2, cases  # the failure needed a case after a capture
+    for case in cases:
+        kinds = {r["kind"] for r in rows if (tuple(r["shape"]), r["dtype"], r["layout"]) == case}
+        assert {"train fwd (graph)", "backward (graph)"} <= kinds, (case, kinds)
