@@ -285,7 +285,7 @@ __global__ void __launch_bounds__(kThreads, BwdNhwcMinBlocks<T, NR>::value)
   extern __shared__ unsigned char smem_raw[];
   bwd_reduce_nhwc_block<T, V, M, NR>(x, dy, ws, R, C, save_mean, save_invstd, reserve, weight,
                                      wkind, bias, bkind, relu, mask,
-                              reinterpret_cast<typename Acc<T>::type*>(smem_raw));
+                                     reinterpret_cast<typename Acc<T>::type*>(smem_raw));
 }
 
 // What it takes to finish a channel of the backward: the partial sums ws [C, splits, 3] (null
