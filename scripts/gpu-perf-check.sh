@@ -17,8 +17,10 @@
 #   profile   scripts/gpu_profile.py $PROFILE_PARTS (default bn cbr dw; kernel-level breakdown)
 #   kvariants scripts/gpu_variants.py $KV_PARTS (default bn cbr dw dwb; also dww): kernel choices (switch
 #             settings) side by side against torch, one child process per setting
-#   ncu       Nsight Compute sections of scripts/gpu_ncu.py $NCU_PARTS (default dw bn; also bnh, bnbig, dws),
-#             plus $NCU_SECTIONS, appended to profile.txt
+#   ncu       Nsight Compute sections of scripts/gpu_ncu.py $NCU_PARTS (default dw bn; also bnh, bnbig,
+#             bnstats, dws), plus $NCU_SECTIONS, appended to profile.txt; once per VAR=VALUE setting in
+#             $NCU_ENVS when given (e.g. "CUDADOCTOR_OPS_BN_STATS_PIPE=0 CUDADOCTOR_OPS_BN_STATS_PIPE=4";
+#             a comma joins the settings of one run)
 # The sections after `build` use the installed wheel, so on a machine still warm from an earlier
 # call they can run alone. Writes at most 9 files to $OUT: summary.txt build.log tests.log
 # smoke.log bench.txt cbr.txt variants.txt kvariants.txt profile.txt. Environment: OUT, PYTHON, ARCHS, T_*,
@@ -111,13 +113,17 @@ section_ncu() {
   local ncu
   ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
   [ -z "$ncu" ] && { say "ncu: not found"; return 0; }
-  { echo "== ncu ${NCU_PARTS:-dw bn}"
-    # NCU_SECTIONS: more --section names (e.g. WarpStateStats)
-    local extra=() sec
-    for sec in ${NCU_SECTIONS:-}; do extra+=(--section "$sec"); done
-    lim "${T_NCU:-150}" "$ncu" --profile-from-start off --section SpeedOfLight --section LaunchStats \
-      --section Occupancy --section MemoryWorkloadAnalysis "${extra[@]}" "$PY" "$REPO/scripts/gpu_ncu.py" ${NCU_PARTS:-dw bn}
-  } >>"$OUT/profile.txt" 2>&1
+  local extra=() sec setting
+  # NCU_SECTIONS: more --section names (e.g. WarpStateStats)
+  for sec in ${NCU_SECTIONS:-}; do extra+=(--section "$sec"); done
+  for setting in ${NCU_ENVS:--}; do
+    { echo "== ncu ${NCU_PARTS:-dw bn} (${setting/#-/default settings})"
+      [ "$setting" = - ] && setting=NCU_SETTING=default
+      env ${setting//,/ } timeout --kill-after=10 "${T_NCU:-150}" "$ncu" --profile-from-start off --section SpeedOfLight \
+        --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis "${extra[@]}" \
+        "$PY" "$REPO/scripts/gpu_ncu.py" ${NCU_PARTS:-dw bn}
+    } >>"$OUT/profile.txt" 2>&1
+  done
   say "ncu: exit $?"
 }
 

@@ -1,6 +1,6 @@
 """Kernels to look at under Nsight Compute, run once each between cudaProfilerStart/Stop.
 
-    ncu --profile-from-start off --section SpeedOfLight ... python scripts/gpu_ncu.py [dw] [bn] [bnh] [bnbig] [dws]
+    ncu --profile-from-start off --section SpeedOfLight ... python scripts/gpu_ncu.py [dw] [bn] [bnh] [bnbig] [bnstats] [dws]
 
 Each case runs ours and torch's version twice before the profiled region (so lazy set-up, cuDNN
 heuristics and caches stay out of it), then once inside it.
@@ -60,6 +60,13 @@ def cases(parts):
                     lambda y=yo, i=(xg, wg, bg), g=gy: torch.autograd.grad(y, i, g, retain_graph=True)))
         out.append((tag + " backward torch",
                     lambda y=yt, i=(xg, wg, bg), g=gy: torch.autograd.grad(y, i, g, retain_graph=True)))
+    if "bnstats" in parts:
+        # the channels-last float16 training forward of the three-launch path alone (run once per
+        # CUDADOCTOR_OPS_BN_STATS_PIPE setting: the statistics kernel's variants)
+        for shape in [(256, 64, 56, 56), (64, 256, 56, 56)]:
+            x, w, b, rm, rv = bn_tensors(shape, torch.float16, True)
+            out.append((f"bn {shape} float16 nhwc train fwd ours",
+                        lambda x=x, rm=rm, rv=rv, w=w, b=b: ops.batch_norm(x, rm, rv, w, b, True)))
     if "dws" in parts:
         # (1,64,128,128) float32 3x3: the forward row below its 2x target
         x, wt = dw_tensors(1, 64, 128, 128, 3, torch.float32, False)

@@ -6,6 +6,9 @@
     bn   BatchNorm channels_last training forward (CUDADOCTOR_OPS_BN_NHWC_TILE_STASH=0, _ONCE=0)
     bnf  the same forward, eager and CUDA-graph replay, on the shapes of the three-kernel path
          (CUDADOCTOR_OPS_BN_FIN_BLOCK=0: one warp per channel in the finalize)
+    bns  the same forward and shapes, CUDADOCTOR_OPS_BN_STATS_PIPE=0 / 2 (the statistics kernel without
+         its pipelined loop / with groups of 2 rows instead of 4), and float16 built for other
+         blocks per SM (CUDADOCTOR_OPS_BN_STATS_MB: 4 rows at 2, 2 rows at 3)
     bnp  BatchNorm channels_last float16 training backward, eager and CUDA-graph replay
          (CUDADOCTOR_OPS_BN_FUSED_BWD=0 / 1: never / always the one-launch backward)
     bnnr the same backward with CUDADOCTOR_OPS_BN_BWD_NR=0 (the channels-last reduce and apply
@@ -37,6 +40,9 @@ BN_SHAPES = [(64, 512, 7, 7), (64, 256, 14, 14), (64, 512, 14, 14), (64, 128, 28
 BN_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_NHWC_TILE_STASH": "0"}, {"CUDADOCTOR_OPS_BN_NHWC_TILE_ONCE": "0"}]
 BNF_SHAPES = [(256, 64, 56, 56), (64, 64, 112, 112), (64, 256, 56, 56), (64, 128, 56, 56)]
 BNF_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_FIN_BLOCK": "0"}]
+BNS_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_STATS_PIPE": "0"}, {"CUDADOCTOR_OPS_BN_STATS_PIPE": "2"},
+                {"CUDADOCTOR_OPS_BN_STATS_PIPE": "4", "CUDADOCTOR_OPS_BN_STATS_MB": "2"},
+                {"CUDADOCTOR_OPS_BN_STATS_PIPE": "2", "CUDADOCTOR_OPS_BN_STATS_MB": "3"}]
 BNP_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_FUSED_BWD": "0"}, {"CUDADOCTOR_OPS_BN_FUSED_BWD": "1"}]
 BNNR_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_FIN_BLOCK": "0"}, {"CUDADOCTOR_OPS_BN_BWD_NR": "0"}]
 CBR_CASES = [((32, 64, 56, 56), 64, "float16"), ((64, 128, 28, 28), 128, "bfloat16"),
@@ -68,7 +74,7 @@ def _child(part: str) -> None:
         a, b = a.float(), b.float()
         return (a - b).abs().max().item() / max(b.abs().max().item(), 1e-6)
 
-    if part in ("bn", "bnf"):
+    if part in ("bn", "bnf", "bns"):
         for shape in BN_SHAPES if part == "bn" else BNF_SHAPES:
             for dt in (torch.float16, torch.bfloat16):
                 # from the CPU generator: CUDA random numbers after a graph capture of torch's
@@ -84,7 +90,7 @@ def _child(part: str) -> None:
                 e = err(ours(), theirs())
                 out.append([f"bn train fwd {shape} {str(dt)[6:]} nhwc", timer(ours), timer(theirs),
                             e < 2e-2])
-                if part == "bnf":
+                if part in ("bnf", "bns"):
                     from cudadoctor_ops.bench_cbr import graph_ms
 
                     out.append([f"bn train fwd {shape} {str(dt)[6:]} nhwc (graph)",
@@ -212,7 +218,7 @@ def main(argv: list[str]) -> int:
         return 0
     parts = argv or ["bn", "cbr", "dw", "dwb"]
     for part in parts:
-        settings = {"bn": BN_SETTINGS, "bnf": BNF_SETTINGS, "bnp": BNP_SETTINGS, "bnnr": BNNR_SETTINGS,
+        settings = {"bn": BN_SETTINGS, "bnf": BNF_SETTINGS, "bns": BNS_SETTINGS, "bnp": BNP_SETTINGS, "bnnr": BNNR_SETTINGS,
                     "cbr": CBR_SETTINGS,
                     "dw": DW_SETTINGS,
                     "dwb": DWB_SETTINGS, "dww": DWW_SETTINGS}[part]

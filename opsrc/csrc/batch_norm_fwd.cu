@@ -215,9 +215,30 @@ __device__ __forceinline__ void merge_rows_to_partials(A* sm, const A (&mean)[V]
   }
 }
 
+// Accumulates rows r, r + rstride, .. (< R) of x [R, C] at pack cv, kUnroll loads in flight.
+template <typename A, typename T, int V>
+__device__ __forceinline__ void welford_rows_nhwc(const T* __restrict__ x, int64_t r, int64_t R,
+                                                  int64_t rstride, int64_t C, int64_t cv,
+                                                  const A (&K)[V], A (&mean)[V], A (&m2)[V],
+                                                  A& n) {
+  for (; r < R; r += kUnroll * rstride) {
+    Pack<T, V> p[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (r + u * rstride < R)
+        p[u] = *reinterpret_cast<const Pack<T, V>*>(x + (r + u * rstride) * C + cv * V);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (r + u * rstride < R) welford_row<A, T, V>(p[u], K, mean, m2, n);
+  }
+}
+
 // x: [R, C] rows, C contiguous, packs of V channels. block (TX, TY), grid (ceil(C/V/TX), splits).
 // ws: [C, splits, 3] as above. sm: TY * TX * V * 3 accumulators (dynamic shared memory).
-template <typename T, int V>
+// PU > 0 (2 or 4): whole groups of PU rows run without bounds tests, the next group's loads in
+// flight while this group is accumulated (twice the pack registers); the rows and their order,
+// hence the results, are the same as with PU = 0.
+template <typename T, int V, int PU = 0>
 __device__ __forceinline__ void stats_nhwc_block(const T* __restrict__ x,
                                                  typename Acc<T>::type* __restrict__ ws,
                                                  int64_t R, int64_t C,
@@ -240,17 +261,33 @@ __device__ __forceinline__ void stats_nhwc_block(const T* __restrict__ x,
 #pragma unroll
     for (int i = 0; i < V; ++i) K[i] = static_cast<A>(k.v[i]);
     const int64_t rstride = int64_t(gridDim.y) * blockDim.y;
-    for (int64_t r = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; r < R;
-         r += kUnroll * rstride) {
-      Pack<T, V> p[kUnroll];
+    int64_t r = int64_t(blockIdx.y) * blockDim.y + threadIdx.y;
+    if (PU > 0) {
+      constexpr int G = PU > 0 ? PU : 1;
+      // a group starting at row r is whole when r < whole_end
+      const int64_t whole_end = R - (G - 1) * rstride;
+      if (r < whole_end) {
+        const int64_t step = rstride * C;
+        const T* p = x + r * C + cv * V;
+        Pack<T, V> cur[G];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-        if (r + u * rstride < R)
-          p[u] = *reinterpret_cast<const Pack<T, V>*>(x + (r + u * rstride) * C + cv * V);
+        for (int u = 0; u < G; ++u) cur[u] = *reinterpret_cast<const Pack<T, V>*>(p + u * step);
+        for (r += G * rstride; r < whole_end; r += G * rstride) {
+          p += G * step;
+          Pack<T, V> nxt[G];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-        if (r + u * rstride < R) welford_row<A, T, V>(p[u], K, mean, m2, n);
+          for (int u = 0; u < G; ++u) nxt[u] = *reinterpret_cast<const Pack<T, V>*>(p + u * step);
+#pragma unroll
+          for (int u = 0; u < G; ++u) welford_row<A, T, V>(cur[u], K, mean, m2, n);
+#pragma unroll
+          for (int u = 0; u < G; ++u) cur[u] = nxt[u];
+        }
+#pragma unroll
+        for (int u = 0; u < G; ++u) welford_row<A, T, V>(cur[u], K, mean, m2, n);
+      }
+      // fewer than G rows left: one pass of the loop below
     }
+    welford_rows_nhwc<A, T, V>(x, r, R, rstride, C, cv, K, mean, m2, n);
   }
   merge_rows_to_partials<A, V>(sm, mean, m2, n, active, ws, cv, splits);
 }
@@ -261,6 +298,27 @@ __global__ void __launch_bounds__(kThreads)
                   int64_t C) {
   extern __shared__ unsigned char smem_raw[];
   stats_nhwc_block<T, V>(x, ws, R, C, reinterpret_cast<typename Acc<T>::type*>(smem_raw));
+}
+
+// bn_stats_nhwc with the pipelined loop in groups of PU rows (stats_nhwc_block), built for MB
+// blocks per SM. The second set of packs costs registers; the defaults (stats_pipe_blocks): PU = 4
+// at 3 blocks per SM for float16 / float32 (80 registers), 2 for bfloat16 and double (they
+// spill at 80); PU = 2 at bn_stats_nhwc's 4 (3 for bfloat16 and double). At the lower counts
+// ptxas issues the next group's loads after the first row(s) of this one instead of before.
+// CUDADOCTOR_OPS_BN_STATS_PIPE=0 / 2 / 4 selects bn_stats_nhwc / PU, CUDADOCTOR_OPS_BN_STATS_MB=
+// 2 / 3 / 4 another MB for float16 (read once).
+template <typename T, int V, int PU, int MB>
+__global__ void __launch_bounds__(kThreads, MB)
+    bn_stats_nhwc_pipe(const T* __restrict__ x, typename Acc<T>::type* __restrict__ ws,
+                       int64_t R, int64_t C) {
+  extern __shared__ unsigned char smem_raw[];
+  stats_nhwc_block<T, V, PU>(x, ws, R, C, reinterpret_cast<typename Acc<T>::type*>(smem_raw));
+}
+
+template <typename T>
+constexpr int stats_pipe_blocks(int pu) {
+  return (std::is_same<T, c10::BFloat16>::value || std::is_same<T, double>::value ? 0 : 1) +
+         (pu == 4 ? 2 : 3);
 }
 
 // What it takes to finish a channel: its statistics (training: partials ws [C, splits, 3] of
@@ -1206,6 +1264,36 @@ inline int fused_nchw_setting() {
 
 constexpr int64_t kFusedMaxBytes = int64_t(32) << 20;
 
+// CUDADOCTOR_OPS_BN_STATS_PIPE=0 / 2 / 4: the channels-last statistics kernel without the
+// pipelined loop / in groups of 2 or 4 rows (bn_stats_nhwc_pipe; default 4), read once.
+inline int stats_pipe_setting() {
+  static const int v = [] {
+    const char* e = std::getenv("CUDADOCTOR_OPS_BN_STATS_PIPE");
+    return e == nullptr || *e == '\0' ? 4 : env_choice("CUDADOCTOR_OPS_BN_STATS_PIPE", {0, 2, 4}, 4);
+  }();
+  return v;
+}
+
+inline int stats_mb_setting() {
+  static const int v = env_choice("CUDADOCTOR_OPS_BN_STATS_MB", {2, 3, 4}, 0);
+  return v;
+}
+
+// The channels-last statistics kernel of the three-launch training forward (settings above).
+template <typename T, int V>
+auto stats_nhwc_kernel() -> void (*)(const T*, typename Acc<T>::type*, int64_t, int64_t) {
+  const int pipe = stats_pipe_setting();
+  if (pipe == 0) return bn_stats_nhwc<T, V>;
+  if constexpr (std::is_same<T, c10::Half>::value) {
+    const int mb = stats_mb_setting();
+    if (mb == 2) return pipe == 4 ? bn_stats_nhwc_pipe<T, V, 4, 2> : bn_stats_nhwc_pipe<T, V, 2, 2>;
+    if (mb == 3) return pipe == 4 ? bn_stats_nhwc_pipe<T, V, 4, 3> : bn_stats_nhwc_pipe<T, V, 2, 3>;
+    if (mb == 4) return pipe == 4 ? bn_stats_nhwc_pipe<T, V, 4, 4> : bn_stats_nhwc_pipe<T, V, 2, 4>;
+  }
+  return pipe == 4 ? bn_stats_nhwc_pipe<T, V, 4, stats_pipe_blocks<T>(4)>
+                   : bn_stats_nhwc_pipe<T, V, 2, stats_pipe_blocks<T>(2)>;
+}
+
 // CUDADOCTOR_OPS_BN_NHWC_PERSIST=0 makes the one-launch channels-last forward run bn_fused_nhwc
 // (reads x twice) instead of bn_persist_nhwc wherever the latter applies (read once).
 // CUDADOCTOR_OPS_BN_NHWC_PERSIST_ROWS=K (1..8) sets the rows per thread that bn_persist_nhwc's
@@ -1726,8 +1814,9 @@ void launch_forward(const Layout& l, const at::Tensor& out, bool training, doubl
   at::Tensor ws;
   int stats_splits = 0;
   if (training) {
-    const Plan p = l.nhwc ? plan_launch(bn_stats_nhwc<T, V>, true, l.N, l.C, l.HW, V,
-                                        V * 3 * sizeof(A), device, sizeof(T))
+    const auto stats_k = stats_nhwc_kernel<T, V>();
+    const Plan p = l.nhwc ? plan_launch(stats_k, true, l.N, l.C, l.HW, V, V * 3 * sizeof(A),
+                                        device, sizeof(T))
                           : plan_launch(bn_stats_nchw<T, V>, false, l.N, l.C, l.HW, V, 0, device);
     // NHWC: partials [C, splits, 3] and the finalize's coefficients [C, 3] in one allocation
     ws = at::empty({l.C * (p.splits + (l.nhwc ? 1 : 0)) * 3}, acc_opts);
@@ -1735,7 +1824,7 @@ void launch_forward(const Layout& l, const at::Tensor& out, bool training, doubl
     f.splits = p.splits;
     stats_splits = p.splits;
     if (l.nhwc) {
-      bn_stats_nhwc<T, V><<<p.grid, p.block, p.smem, stream>>>(x, ws.data_ptr<A>(), R, l.C);
+      stats_k<<<p.grid, p.block, p.smem, stream>>>(x, ws.data_ptr<A>(), R, l.C);
     } else {
       bn_stats_nchw<T, V><<<p.grid, p.block, 0, stream>>>(x, ws.data_ptr<A>(), l.N, l.C, l.HW);
     }

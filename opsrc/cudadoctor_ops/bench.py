@@ -188,7 +188,8 @@ def bench_batch_norm(args, timer: Timer, copy_tbps: float) -> list[Row]:
         gy = torch.randn(shape, dtype=dtype).cuda().contiguous(memory_format=x_format(x))
         size = x.numel() * x.element_size()
 
-        def add(kind, ours, theirs, mult):
+        def add(kind, ours, theirs, mult, graph_calls=None):
+            """graph_calls: (ours, theirs, stream) to capture instead of ours / theirs."""
             tr, tc = bn_targets(kind, shape, dt, layout)
             row = Row("batch_norm", kind, shape, dt, layout, timer(ours), timer(theirs), mult * size, tr, tc)
             rows.append(row.finish(copy_tbps))
@@ -199,7 +200,12 @@ def bench_batch_norm(args, timer: Timer, copy_tbps: float) -> list[Row]:
                 from .bench_cbr import graph_ms
 
                 errors: list = []
-                g_ours, g_theirs = graph_ms(timer, ours, errors), graph_ms(timer, theirs, errors)
+                g_fns = graph_calls or (ours, theirs, None)
+                g_ours = graph_ms(timer, g_fns[0], errors, stream=g_fns[2])
+                errors[:] = [f"ours: {e}" for e in errors]
+                n_ours = len(errors)
+                g_theirs = graph_ms(timer, g_fns[1], errors, stream=g_fns[2])
+                errors[n_ours:] = [f"torch: {e}" for e in errors[n_ours:]]
                 if g_ours is None or g_theirs is None:
                     print(f"  batch_norm {kind} {_fmt_shape(shape)} {dt} {layout}: graph capture failed: "
                           f"{'; '.join(errors)}", file=sys.stderr, flush=True)
@@ -223,13 +229,29 @@ def bench_batch_norm(args, timer: Timer, copy_tbps: float) -> list[Row]:
         xg, wg, bg = x.detach().requires_grad_(True), w.detach().requires_grad_(True), b.detach().requires_grad_(True)
         ours_out = bn_op(xg, rm.clone(), rv.clone(), wg, bg, True, 0.1, 1e-5)
         torch_out = F.batch_norm(xg, rm.clone(), rv.clone(), wg, bg, True, 0.1, 1e-5)
+        graph_calls = None
+        if getattr(args, "graph", False):
+            # autograd runs a backward op on its forward op's stream: the captured backwards get
+            # forwards of their own on the capture stream
+            cap = torch.cuda.Stream()
+            cap.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(cap):
+                g_ours_out = bn_op(xg, rm.clone(), rv.clone(), wg, bg, True, 0.1, 1e-5)
+                g_torch_out = F.batch_norm(xg, rm.clone(), rv.clone(), wg, bg, True, 0.1, 1e-5)
+            torch.cuda.current_stream().wait_stream(cap)
+            graph_calls = (
+                lambda: torch.autograd.grad(g_ours_out, (xg, wg, bg), gy, retain_graph=True),
+                lambda: torch.autograd.grad(g_torch_out, (xg, wg, bg), gy, retain_graph=True),
+                cap,
+            )
         add(
             "backward",
             lambda: torch.autograd.grad(ours_out, (xg, wg, bg), gy, retain_graph=True),
             lambda: torch.autograd.grad(torch_out, (xg, wg, bg), gy, retain_graph=True),
             5,
+            graph_calls,
         )
-        del x, gy, xg, ours_out, torch_out
+        del x, gy, xg, ours_out, torch_out, graph_calls
         torch.cuda.empty_cache()
     return rows
 

@@ -149,31 +149,36 @@ def _settle() -> None:
         pass
 
 
-def graph_ms(timer, fn, errors: list | None = None):
+def graph_ms(timer, fn, errors: list | None = None, stream=None, attempts: int = 2):
     """Milliseconds of one replay of fn captured in a CUDA graph (GPU time only), or None.
 
     fn runs 3 times on a side stream first (allocations, lazy initialisation and tuning happen
     outside the capture, as torch.cuda.graph requires), then one call is captured and the timer
-    times ``g.replay``. Any exception (capture unsupported by a kernel or library, a host sync
-    inside fn, ...) gives None, with its text appended to ``errors``.
+    times ``g.replay``. ``stream``: the side stream, which is also the capture stream (give the
+    stream a backward's forward ran on: autograd runs each backward op on its forward op's
+    stream); default a new one. A failed capture is tried again up to ``attempts`` times in all
+    (the first capture of an autograd backward in a process has failed where later ones did not).
+    Any exception (capture unsupported by a kernel or library, a host sync inside fn, ...) gives
+    None, with its text appended to ``errors``.
     """
-    try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
+    for attempt in range(max(1, attempts)):
+        try:
+            side = stream if stream is not None else torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    fn()
+            torch.cuda.current_stream().wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=side):
                 fn()
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        torch.cuda.synchronize()
-        return float(timer(g.replay))
-    except Exception as exc:  # noqa: BLE001 - report, keep benchmarking
-        if errors is not None:
-            errors.append(f"{type(exc).__name__}: {exc}"[:300])
-        _settle()
-        return None
+            torch.cuda.synchronize()
+            return float(timer(g.replay))
+        except Exception as exc:  # noqa: BLE001 - report, keep benchmarking
+            if errors is not None:
+                errors.append(f"attempt {attempt + 1}: {type(exc).__name__}: {exc}"[:300])
+            _settle()
+    return None
 
 
 def bench_case(timer, shape, k, stride, dt, layout, compile_block: bool) -> dict:

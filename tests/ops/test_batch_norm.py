@@ -494,6 +494,9 @@ _NO_TILE = {"CUDADOCTOR_OPS_BN_NHWC_TILE": "0"}  # the persist / fused choices b
 _SWITCH_CASES = [
     ("nhwc", {"CUDADOCTOR_OPS_BN_FUSED": "0"}),
     ("nhwc", {"CUDADOCTOR_OPS_BN_FUSED": "0", "CUDADOCTOR_OPS_BN_FIN_BLOCK": "0"}),
+    # 11 rows per thread: two whole groups of the pipelined statistics loop and a tail of 3
+    ("nhwc", {"CUDADOCTOR_OPS_BN_FUSED": "0", "CUDADOCTOR_OPS_BN_NHWC_ROWS": "11"}),
+    ("nhwc", {"CUDADOCTOR_OPS_BN_FUSED": "0", "CUDADOCTOR_OPS_BN_NHWC_ROWS": "11", "CUDADOCTOR_OPS_BN_STATS_PIPE": "0"}),
     ("nhwc", {"CUDADOCTOR_OPS_BN_FUSED": "1"}),
     ("nhwc", {"CUDADOCTOR_OPS_BN_FUSED": "1", **_NO_TILE}),
     ("nhwc", {"CUDADOCTOR_OPS_BN_FUSED": "1", "CUDADOCTOR_OPS_BN_NHWC_PERSIST": "0", **_NO_TILE}),
@@ -515,7 +518,8 @@ def test_training_forward_kernel_choices(ops, layout, switches):
     where it fits, its tile width forced with _TILE_CT=32 / 64; with _NHWC_TILE=0 the
     register-persistent kernel, with CUDADOCTOR_OPS_BN_NHWC_PERSIST=0 the previous one,
     _PERSIST_ROWS=8 / 1 its widest / finest grid) or 0 (stats -> finalize -> apply, the finalize
-    with one block per channel or, with CUDADOCTOR_OPS_BN_FIN_BLOCK=0, one warp); contiguous with CUDADOCTOR_OPS_BN_SINGLEREAD=1 (one block per channel
+    with one block per channel or, with CUDADOCTOR_OPS_BN_FIN_BLOCK=0, one warp; the statistics
+    at 11 rows per thread with _NHWC_ROWS=11, pipelined or, with _STATS_PIPE=0, not); contiguous with CUDADOCTOR_OPS_BN_SINGLEREAD=1 (one block per channel
     held in shared memory), or without it CUDADOCTOR_OPS_BN_FUSED_NCHW=1 / 0 (one cooperative
     launch / stats -> apply). The switches are read once per process, hence a child."""
     env = dict(os.environ, **switches)

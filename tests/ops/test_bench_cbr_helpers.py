@@ -119,8 +119,33 @@ def test_graph_ms_reports_failure_instead_of_raising(bc):
 
     errors: list = []
     assert bc.graph_ms(lambda fn: 1.0, broken, errors) is None
-    assert len(errors) == 1 and errors[0]
+    # tried twice (the default), each failure reported with its attempt
+    assert [e.split(":")[0] for e in errors] == ["attempt 1", "attempt 2"]
+    assert all("RuntimeError" in e and "boom" in e for e in errors) or not torch.cuda.is_available()
+    errors.clear()
+    assert bc.graph_ms(lambda fn: 1.0, broken, errors, attempts=1) is None
+    assert len(errors) == 1
     assert bc.graph_ms(lambda fn: 1.0, broken) is None  # no error list: still no exception
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_graph_ms_retries_a_failed_capture_on_the_given_stream(bc):
+    x = torch.ones(1 << 20, device="cuda")
+    side = torch.cuda.Stream()
+    seen = []
+
+    def fn():
+        seen.append((torch.cuda.current_stream() == side, torch.cuda.is_current_stream_capturing()))
+        if len(seen) == 4:  # the first attempt's capture
+            raise RuntimeError("first capture fails")
+        x.add_(1.0)
+
+    errors: list = []
+    assert bc.graph_ms(lambda f: (f(), torch.cuda.synchronize(), 0.25)[2], fn, errors, stream=side) == 0.25
+    assert len(errors) == 1 and "first capture fails" in errors[0]
+    # every call ran on the given stream; calls 4 and 8 were the two captures
+    assert all(on_side for on_side, _ in seen) and [c for _, c in seen] == [False] * 3 + [True] + [False] * 3 + [True]
+    assert torch.all(x == 8.0).item()  # 3 + 3 warm-up calls and the timer's one replay
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
