@@ -231,17 +231,21 @@ def bench_batch_norm(args, timer: Timer, copy_tbps: float) -> list[Row]:
         torch_out = F.batch_norm(xg, rm.clone(), rv.clone(), wg, bg, True, 0.1, 1e-5)
         graph_calls = None
         if getattr(args, "graph", False):
-            # autograd runs a backward op on its forward op's stream: the captured backwards get
+            # autograd runs a backward op on its forward op's stream, and a leaf's gradient
+            # accumulator keeps the stream of the graph it was first used in (a default-stream
+            # accumulator invalidates the capture: "operation failed due to a previous error
+            # during capture", seen on the first case): the captured backwards get leaves and
             # forwards of their own on the capture stream
             cap = torch.cuda.Stream()
             cap.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(cap):
-                g_ours_out = bn_op(xg, rm.clone(), rv.clone(), wg, bg, True, 0.1, 1e-5)
-                g_torch_out = F.batch_norm(xg, rm.clone(), rv.clone(), wg, bg, True, 0.1, 1e-5)
+                gl = [t.detach().requires_grad_(True) for t in (x, w, b)]
+                g_ours_out = bn_op(gl[0], rm.clone(), rv.clone(), gl[1], gl[2], True, 0.1, 1e-5)
+                g_torch_out = F.batch_norm(gl[0], rm.clone(), rv.clone(), gl[1], gl[2], True, 0.1, 1e-5)
             torch.cuda.current_stream().wait_stream(cap)
             graph_calls = (
-                lambda: torch.autograd.grad(g_ours_out, (xg, wg, bg), gy, retain_graph=True),
-                lambda: torch.autograd.grad(g_torch_out, (xg, wg, bg), gy, retain_graph=True),
+                lambda: torch.autograd.grad(g_ours_out, gl, gy, retain_graph=True),
+                lambda: torch.autograd.grad(g_torch_out, gl, gy, retain_graph=True),
                 cap,
             )
         add(
