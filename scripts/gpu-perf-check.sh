@@ -26,7 +26,8 @@
 # smoke.log bench.txt cbr.txt variants.txt kvariants.txt profile.txt. Environment: OUT, PYTHON, ARCHS, T_*,
 # TEST_PATHS (pytest paths of `tests`, default tests/ops), TEST_WORKERS (pytest-xdist workers, default 14: tests/ops took about 210 s that way on the H200
 # machine, then over 250 s once the switch tests of the depthwise weight gradient, bn_tile_nhwc's
-# merge batch and Conv+BN+ReLU's contiguous forward were added; T_TESTS defaults to 460: about 330 s by the end of 2026-11).
+# merge batch and Conv+BN+ReLU's contiguous forward were added; T_TESTS defaults to 490: 361 s on 2026-11-30 with
+# smoke alongside, then past 420 s (97% done) once the graph bench test passed; build + tests fit one 600 s call).
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
@@ -58,7 +59,7 @@ section_build() {
 section_tests() {
   local xdist="" p1 p2
   "$PY" -c "import xdist" 2>/dev/null && xdist="-n ${TEST_WORKERS:-14}"
-  ( lim "${T_TESTS:-460}" "$PY" -m pytest -q -rf -p no:cacheprovider $xdist ${TEST_PATHS:-tests/ops} -m "not compile" \
+  ( lim "${T_TESTS:-490}" "$PY" -m pytest -q -rf -p no:cacheprovider $xdist ${TEST_PATHS:-tests/ops} -m "not compile" \
       >"$OUT/tests.log" 2>&1; echo "[exit $?]" >>"$OUT/tests.log" ) &
   p1=$!
   ( lim "${T_SMOKE:-300}" "$PY" -m cudadoctor smoke --installed -j 2 >"$OUT/smoke.log" 2>&1
@@ -104,7 +105,10 @@ section_kvariants() {
 }
 
 section_profile() {
-  lim "${T_PROFILE:-120}" "$PY" "$REPO/scripts/gpu_profile.py" ${PROFILE_PARTS:-bn cbr dw} >"$OUT/profile.txt" 2>&1
+  # appends, as the ncu section does: either may run first
+  { echo "== gpu_profile.py ${PROFILE_PARTS:-bn cbr dw}"
+    lim "${T_PROFILE:-120}" "$PY" "$REPO/scripts/gpu_profile.py" ${PROFILE_PARTS:-bn cbr dw}
+  } >>"$OUT/profile.txt" 2>&1
   say "profile: exit $?"
 }
 
