@@ -59,7 +59,7 @@ section_build() {
 section_tests() {
   local xdist="" p1 p2
   "$PY" -c "import xdist" 2>/dev/null && xdist="-n ${TEST_WORKERS:-14}"
-  ( lim "${T_TESTS:-490}" "$PY" -m pytest -q -rf -p no:cacheprovider $xdist ${TEST_PATHS:-tests/ops} -m "not compile" \
+  ( lim "${T_TESTS:-490}" "$PY" -m pytest -q -rf -p no:cacheprovider --durations=25 $xdist ${TEST_PATHS:-tests/ops} -m "not compile" \
       >"$OUT/tests.log" 2>&1; echo "[exit $?]" >>"$OUT/tests.log" ) &
   p1=$!
   ( lim "${T_SMOKE:-300}" "$PY" -m cudadoctor smoke --installed -j 2 >"$OUT/smoke.log" 2>&1
