@@ -1,6 +1,6 @@
 """Kernels to look at under Nsight Compute, run once each between cudaProfilerStart/Stop.
 
-    ncu --profile-from-start off --section SpeedOfLight ... python scripts/gpu_ncu.py [dw] [bn] [bnh] [bnbig] [bnstats] [dws]
+    ncu --profile-from-start off --section SpeedOfLight ... python scripts/gpu_ncu.py [dw] [bn] [bnh] [bnbig] [bnstats] [tile] [dws]
 
 Each case runs ours and torch's version twice before the profiled region (so lazy set-up, cuDNN
 heuristics and caches stay out of it), then once inside it.
@@ -67,6 +67,22 @@ def cases(parts):
             x, w, b, rm, rv = bn_tensors(shape, torch.float16, True)
             out.append((f"bn {shape} float16 nhwc train fwd ours",
                         lambda x=x, rm=rm, rv=rv, w=w, b=b: ops.batch_norm(x, rm, rv, w, b, True)))
+    if "tile" in parts:
+        # the one-launch channels-last kernels at Conv+BN+ReLU's (32,64,56,56) float16 (12.8 MB):
+        # where their time goes (e.g. NCU_SECTIONS="WarpStateStats SourceCounters" for stall
+        # reasons per source line: loads, the grid barriers, the merges)
+        x, w, b, rm, rv = bn_tensors((32, 64, 56, 56), torch.float16, True)
+        tag = "bn (32, 64, 56, 56) float16 nhwc"
+        out.append((tag + " train fwd relu ours",
+                    lambda x=x, rm=rm, rv=rv, w=w, b=b: ops.batch_norm(x, rm, rv, w, b, True,
+                                                                       activation="relu")))
+        out.append((tag + " train fwd torch",
+                    lambda x=x, rm=rm, rv=rv, w=w, b=b: F.batch_norm(x, rm, rv, w, b, True)))
+        xg, wg, bg = (t.detach().requires_grad_(True) for t in (x, w, b))
+        gy = torch.randn_like(x)
+        yo = ops.batch_norm(xg, rm.clone(), rv.clone(), wg, bg, True, activation="relu")
+        out.append((tag + " backward relu ours",
+                    lambda y=yo, i=(xg, wg, bg), g=gy: torch.autograd.grad(y, i, g, retain_graph=True)))
     if "dws" in parts:
         # (1,64,128,128) float32 3x3: the forward row below its 2x target
         x, wt = dw_tensors(1, 64, 128, 128, 3, torch.float32, False)
