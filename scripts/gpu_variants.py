@@ -19,6 +19,8 @@
     dw   depthwise channels_last forward (CUDADOCTOR_OPS_DW_V4*, against impl=nhwc_v3 and v2)
     dwb  depthwise channels_last backward dX + dW (CUDADOCTOR_OPS_DW_WGRAD_SMEM=0 / 1; CUDADOCTOR_OPS_DW_WGRAD_V1 /
          _DGRAD_V1 / _V4)
+    dwn  depthwise float32 NCHW forward and backward (dX + dW) on the issue's target shapes
+         (CUDADOCTOR_OPS_DW_V2_ASYNC=1: fwd_nchw_v2 stages its tiles with cp.async)
     dww  depthwise channels_last weight gradient alone (CUDADOCTOR_OPS_DW_WGRAD_SMEM=0 / 1, _PF), against
          torch's convolution_backward for the weight alone
 
@@ -51,6 +53,9 @@ CBR_CASES = [((32, 64, 56, 56), 64, "float16"), ((64, 128, 28, 28), 128, "bfloat
 CBR_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_NHWC_TILE_WIDE": "0"}, {"CUDADOCTOR_OPS_BN_NHWC_TILE_STASH": "0"},
                 {"CUDADOCTOR_OPS_CBR_TILE": "0"}]
 DW_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_V4_CFG": "3"}]
+DWN_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_V2_ASYNC": "1"}]
+DWN_CASES = [(1, 64, 128, 128, 3), (8, 64, 128, 128, 3), (1, 256, 128, 128, 3), (32, 12, 112, 112, 5),
+             (64, 32, 112, 112, 3)]
 DWB_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "0"}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "1"},
                 {"CUDADOCTOR_OPS_DW_WGRAD_V1": "1", "CUDADOCTOR_OPS_DW_DGRAD_V1": "1", "CUDADOCTOR_OPS_DW_V4": "0"}]
 
@@ -146,6 +151,38 @@ def _child(part: str) -> None:
 
             out.append([f"cbr fwd+bwd {shape}->{k} {dts} nhwc", timer(fb(fused)), timer(fb(ref)),
                         e < 2e-2])
+    elif part == "dwn":
+        from cudadoctor_ops.bench_cbr import graph_ms
+
+        for n, c, h, w_, k in DWN_CASES:
+            x = torch.randn(n, c, h, w_, device="cuda")
+            wt = torch.randn(c, 1, k, k, device="cuda")
+            p = k // 2
+            f_ours = lambda: cudadoctor_ops.depthwise_conv2d(x, wt, None, 1, p)  # noqa: E731
+            f_torch = lambda: F.conv2d(x, wt, None, 1, p, 1, c)  # noqa: E731
+            ok = err(f_ours(), f_torch()) < 1e-4
+            name = f"dw fwd k{k} {(n, c, h, w_)} float32 nchw"
+            out.append([name, timer(f_ours), timer(f_torch), ok])
+            out.append([name + " (graph)", graph_ms(timer, f_ours) or float("nan"),
+                        graph_ms(timer, f_torch) or float("nan"), ok])
+            g = torch.randn_like(f_torch())
+            st, pd, dl = [1, 1], [p, p], [1, 1]
+
+            def b_ours():
+                gi = ops.depthwise_conv2d_backward_input(g, x, wt, st, pd, dl, 0)
+                gw, _ = ops.depthwise_conv2d_backward_weight(g, x, wt, st, pd, dl, False, 0)
+                return gi, gw
+
+            def b_torch():
+                gi, gw, _ = torch.ops.aten.convolution_backward(
+                    g, x, wt, None, st, pd, dl, False, [0, 0], c, [True, True, False])
+                return gi, gw
+
+            a, b_ = b_ours(), b_torch()
+            okb = max(err(a[0], b_[0]), err(a[1], b_[1])) < 1e-4
+            out.append([f"dw bwd k{k} {(n, c, h, w_)} float32 nchw", timer(b_ours), timer(b_torch), okb])
+            del x, wt, g
+            torch.cuda.empty_cache()
     elif part in ("dw", "dwb", "dww"):
         for _, n, c, h, w_, k, s in MOBILE_LAYERS:
             for dt in (torch.float16, torch.bfloat16):
@@ -220,7 +257,7 @@ def main(argv: list[str]) -> int:
     for part in parts:
         settings = {"bn": BN_SETTINGS, "bnf": BNF_SETTINGS, "bns": BNS_SETTINGS, "bnp": BNP_SETTINGS, "bnnr": BNNR_SETTINGS,
                     "cbr": CBR_SETTINGS,
-                    "dw": DW_SETTINGS,
+                    "dw": DW_SETTINGS, "dwn": DWN_SETTINGS,
                     "dwb": DWB_SETTINGS, "dww": DWW_SETTINGS}[part]
         results = [(_label(env), _run(part, env)) for env in settings]
         results = [(lab, r) for lab, r in results if r]

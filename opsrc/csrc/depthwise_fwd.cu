@@ -2,6 +2,8 @@
 // K in {3,5,7}, stride 1 or 2, dilation 1). With flip=true and stride 1 the
 // same kernels compute the input gradient: dX = conv(dY, rot180(w), pad K-1-p).
 #include <atomic>
+#include <cstdlib>
+#include <type_traits>
 
 #include "depthwise.cuh"
 
@@ -411,6 +413,34 @@ bool dispatch_bwd_input(const void* go, const void* w, void* gin, const FastShap
   return false;
 }
 
+// 16 bytes global -> shared without going through registers (cp.async, sm_80+);
+// zeros when !valid (src-size 0 reads nothing). Older architectures copy
+// through registers; the commit/wait helpers are then no-ops and the block
+// barrier alone publishes the tile.
+__device__ __forceinline__ void v3_cp_async16(uint4* dst, const void* src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+#else
+  *dst = valid ? __ldg(static_cast<const uint4*>(src)) : make_uint4(0u, 0u, 0u, 0u);
+#endif
+}
+
+__device__ __forceinline__ void v3_cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void v3_cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
 // ---------------------------------------------------------------------------
 // Second-generation forward kernels.
 
@@ -437,7 +467,7 @@ __global__ void __launch_bounds__(kThreads)
     fwd_nchw_v2(const T* __restrict__ in, const T* __restrict__ w,
                 const T* __restrict__ bias, T* __restrict__ out, int C, int H,
                 int W, int Ho, int Wo, int PH, int PW, int tilesX, int tilesY,
-                int SP, bool vec, bool flip) {
+                int SP, bool vec, bool flip, bool async_stage) {
   constexpr int VE = 16 / static_cast<int>(sizeof(T));
   extern __shared__ float4 smem_v2[];
   float* tile = reinterpret_cast<float*>(smem_v2);
@@ -478,7 +508,39 @@ __global__ void __launch_bounds__(kThreads)
     if (bias != nullptr) bv = to_float(bias[c]);
   }
 
-  if (vec) {
+  bool staged = false;
+  if constexpr (std::is_same<T, float>::value) {
+    if (vec && async_stage) {
+      // float32 chunks go to shared memory as they are: every chunk of the thread in flight at
+      // once as cp.async copies (zeros where the chunk lies outside the image), no registers
+      // held. The register path below issues U loads per round but ptxas (sm_90, 32 registers)
+      // stores each chunk before it issues the next load: one DRAM round trip per chunk.
+      const int total = IH * NCH;
+      const int dr = nthr / NCH;
+      const int dq = nthr - dr * NCH;
+      int r = tid / NCH;
+      int q = tid - r * NCH;
+      for (int i = tid; i < total; i += nthr) {
+        const int iy = iy0 + r;
+        const int ix = a0 + q * VE;
+        const bool ok = iy >= 0 && iy < H && ix >= 0 && ix < W;
+        const T* src = ok ? ip + static_cast<int64_t>(iy) * W + ix : ip;
+        v3_cp_async16(reinterpret_cast<uint4*>(tile) + i, src, ok);
+        q += dq;
+        r += dr;
+        if (q >= NCH) {
+          q -= NCH;
+          ++r;
+        }
+      }
+      v3_cp_async_commit();
+      v3_cp_async_wait<0>();
+      staged = true;
+    }
+  }
+  if (staged) {
+    // the tile is in shared memory (published by the barrier below)
+  } else if (vec) {
     constexpr int U = 8;
     const int total = IH * NCH;
     // chunk i is tile row r = i / NCH, chunk q = i % NCH, and starts at tile + i * VE (SP =
@@ -709,6 +771,16 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
+// CUDADOCTOR_OPS_DW_V2_ASYNC=1: fwd_nchw_v2 stages float32 tiles with cp.async (see the kernel);
+// default off until timed on a GPU (read once).
+bool nchw_v2_async_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("CUDADOCTOR_OPS_DW_V2_ASYNC");
+    return e != nullptr && e[0] == '1';
+  }();
+  return on;
+}
+
 template <typename T, int K, int S, int R>
 void launch_nchw_v2(const void* in, const void* w, const void* bias, void* out,
                     const FastShape& s, bool flip, int BX, int BY, int SP, size_t smem,
@@ -717,10 +789,11 @@ void launch_nchw_v2(const void* in, const void* w, const void* bias, void* out,
   const int tilesX = (s.Wo + BX * RW - 1) / (BX * RW);
   const int tilesY = (s.Ho + BY * R - 1) / (BY * R);
   const int64_t blocks = static_cast<int64_t>(tilesX) * tilesY * s.N * s.C;
+  const bool async_stage = std::is_same<T, float>::value && nchw_v2_async_enabled();
   fwd_nchw_v2<T, K, S, R, RW><<<static_cast<unsigned>(blocks), dim3(BX, BY), smem, stream>>>(
       static_cast<const T*>(in), static_cast<const T*>(w), static_cast<const T*>(bias),
       static_cast<T*>(out), s.C, s.H, s.W, s.Ho, s.Wo, s.PH, s.PW, tilesX, tilesY, SP, vec,
-      flip);
+      flip, async_stage);
 }
 
 // Geometry of one NCHW v2 launch with R rows per thread; false when its
@@ -868,34 +941,6 @@ struct V3Args {
   int IH, IW;    // input tile rows and columns
   bool flip;     // rot180 weights
 };
-
-// 16 bytes global -> shared without going through registers (cp.async, sm_80+);
-// zeros when !valid (src-size 0 reads nothing). Older architectures copy
-// through registers; the commit/wait helpers are then no-ops and the block
-// barrier alone publishes the tile.
-__device__ __forceinline__ void v3_cp_async16(uint4* dst, const void* src, bool valid) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
-               "r"(valid ? 16 : 0)
-               : "memory");
-#else
-  *dst = valid ? __ldg(static_cast<const uint4*>(src)) : make_uint4(0u, 0u, 0u, 0u);
-#endif
-}
-
-__device__ __forceinline__ void v3_cp_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-
-template <int N>
-__device__ __forceinline__ void v3_cp_async_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-#endif
-}
 
 // Waits until at most `pending` (0 .. kV3MaxBands-1) of this thread's commit
 // groups are still in flight.

@@ -1052,6 +1052,45 @@ def test_auto_without_nhwc_v4_in_subprocess():
     assert proc.returncode == 0 and "done: 0 failures" in proc.stdout, report
 
 
+# CUDADOCTOR_OPS_DW_V2_ASYNC=1 (read once per process, hence a child): fwd_nchw_v2 stages float32
+# tiles with cp.async instead of through registers. The float32 contiguous forward cases above
+# (chunk copies where W % 4 == 0, element loads elsewhere), every forward+backward case (the
+# stride-1 input gradient runs the same kernel on the flipped filter) and a misaligned data
+# pointer, against float64.
+_V2_ASYNC_SCRIPT = r"""
+import os
+import sys
+
+sys.path.insert(0, sys.argv[1])
+import torch
+import test_depthwise as t
+
+assert os.environ.get("CUDADOCTOR_OPS_DW_V2_ASYNC") == "1"
+failures = []
+checks = [(f"forward {t._fwd_id(c)}", lambda c=c: t.test_forward_kernels_match_float64_and_direct(
+    c, torch.float32, "nchw")) for c in t.FWD_FAST_CASES]
+checks += [(f"forward+backward {t._case_id(c)}", lambda c=c: t.test_forward_backward_match_float64(
+    c, torch.float32, "nchw", "auto")) for c in t.CASES]
+checks.append(("misaligned", lambda: t.test_forward_misaligned_data_pointer(torch.float32, "nchw")))
+for name, check in checks:
+    try:
+        check()
+    except AssertionError as exc:
+        failures.append(f"{name}: {exc}")
+for f in failures:
+    print("FAIL:", f, flush=True)
+print(f"done: {len(checks)} checks, {len(failures)} failures", flush=True)
+sys.exit(1 if failures else 0)
+"""
+
+
+def test_nchw_v2_async_staging_in_subprocess():
+    proc, report = _run_child_env(_V2_ASYNC_SCRIPT, {"CUDADOCTOR_OPS_DW_V2_ASYNC": "1"})
+    assert proc.returncode >= 0, f"child killed by signal {-proc.returncode}:\n{report}"
+    n = len(FWD_FAST_CASES) + len(CASES) + 1
+    assert proc.returncode == 0 and f"done: {n} checks, 0 failures" in proc.stdout, report
+
+
 # ---- channels_last backward: second-generation weight gradient and stride-2 input gradient ----
 # auto runs, for channels_last tensors, the second-generation weight gradient (16- or 8-byte
 # channel vectors, one kernel row per thread, partials reduced in a fixed order) wherever C is a
