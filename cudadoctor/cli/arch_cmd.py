@@ -28,14 +28,21 @@ def _gpus_from_option(gpu: list[str] | None) -> list[dict] | None:
 @app.command("arch")
 def arch_command(
     spec: Optional[str] = typer.Argument(None, help="Arch spec: 8.6,8.9 / 8.9+PTX / sm_86 / compute_86 / Ampere / native / all. Default: the GPUs present."),
+    arch_opt: Optional[str] = typer.Option(None, "--arch", help="The spec as an option, as `env` and `build` take it (the same as the argument)."),
     nvcc: Optional[str] = typer.Option(None, "--nvcc", help="The nvcc that will build (default: what torch would use)."),
     gpu: Optional[List[str]] = typer.Option(None, "--gpu", help="Judge these compute capabilities instead of the GPUs present (repeatable)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Print TORCH_CUDA_ARCH_LIST and -gencode flags for a spec, checked against the nvcc that will build."""
     from cudadoctor.archplan import make_plan, present_gpus, probe_nvcc
+    from cudadoctor.errors import InputError
     from cudadoctor.runner import Runner
 
+    if arch_opt is not None:
+        if spec is not None and spec != arch_opt:
+            raise InputError(f"two arch specs given: {spec!r} and --arch {arch_opt!r}.",
+                             hint="Give the spec once, as the argument or as --arch.")
+        spec = arch_opt
     runner = Runner()
     gpus = _gpus_from_option(gpu)
     driver = None

@@ -29,6 +29,24 @@ def test_arch_json_shape(capsys):
     assert [(g["cc"], g["runs"]) for g in j["gpus"]] == [("8.9", True), ("8.0", False)]
 
 
+def test_arch_spec_as_option_equals_argument(capsys):
+    # `env --arch` and `build --arch` spell it as an option; `arch --arch` takes it too
+    code, out, _ = run(capsys, "arch", "--arch", "8.6,8.9", "--gpu", "8.9", "--json")
+    assert code == 0
+    as_opt = json.loads(out)
+    code, out, _ = run(capsys, "arch", "8.6,8.9", "--gpu", "8.9", "--json")
+    assert code == 0 and json.loads(out) == as_opt
+    assert as_opt["torch_cuda_arch_list"] == "8.6;8.9"
+    # the same spec twice is fine; two different ones are an input error (exit 2)
+    code, out, _ = run(capsys, "arch", "8.6,8.9", "--arch", "8.6,8.9", "--gpu", "8.9", "--json")
+    assert code == 0 and json.loads(out) == as_opt
+    code, _, err = run(capsys, "arch", "8.6", "--arch", "8.9", "--gpu", "8.9")
+    assert code == 2 and "'8.6'" in err and "'8.9'" in err and "Traceback" not in err
+    # a bad spec given as the option is quoted like the argument
+    code, _, err = run(capsys, "arch", "--arch", "sm_8x6")
+    assert code == 2 and "'sm_8x6'" in err and "Valid forms" in err
+
+
 def test_arch_bad_spec_exits_2_and_quotes_it(capsys):
     code, _, err = run(capsys, "arch", "sm_8x6")
     assert code == 2 and "'sm_8x6'" in err and "Valid forms" in err and "Traceback" not in err
