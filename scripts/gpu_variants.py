@@ -69,7 +69,7 @@ def _child(part: str) -> None:
 
     import cudadoctor_ops  # noqa: F401
     from cudadoctor_ops.bench import Timer
-    from cudadoctor_ops.bench_depthwise import MOBILE_LAYERS
+    from cudadoctor_ops.bench_depthwise import MOBILE_LAYERS, backward_calls
 
     timer = Timer()
     ops = torch.ops.cudadoctor_ops
@@ -166,18 +166,7 @@ def _child(part: str) -> None:
             out.append([name + " (graph)", graph_ms(timer, f_ours) or float("nan"),
                         graph_ms(timer, f_torch) or float("nan"), ok])
             g = torch.randn_like(f_torch())
-            st, pd, dl = [1, 1], [p, p], [1, 1]
-
-            def b_ours():
-                gi = ops.depthwise_conv2d_backward_input(g, x, wt, st, pd, dl, 0)
-                gw, _ = ops.depthwise_conv2d_backward_weight(g, x, wt, st, pd, dl, False, 0)
-                return gi, gw
-
-            def b_torch():
-                gi, gw, _ = torch.ops.aten.convolution_backward(
-                    g, x, wt, None, st, pd, dl, False, [0, 0], c, [True, True, False])
-                return gi, gw
-
+            b_ours, b_torch = backward_calls(g, x, wt, [1, 1], [p, p], [1, 1])
             a, b_ = b_ours(), b_torch()
             okb = max(err(a[0], b_[0]), err(a[1], b_[1])) < 1e-4
             out.append([f"dw bwd k{k} {(n, c, h, w_)} float32 nchw", timer(b_ours), timer(b_torch), okb])
@@ -214,17 +203,7 @@ def _child(part: str) -> None:
                     out.append([name, timer(ours_w), timer(theirs_w), ok])
                 else:
                     g = torch.randn_like(ref)
-
-                    def ours():
-                        gi = ops.depthwise_conv2d_backward_input(g, x, wt, st, pd, dl, 0)
-                        gw, _ = ops.depthwise_conv2d_backward_weight(g, x, wt, st, pd, dl, False, 0)
-                        return gi, gw
-
-                    def theirs():
-                        gi, gw, _ = torch.ops.aten.convolution_backward(
-                            g, x, wt, None, st, pd, dl, False, [0, 0], c, [True, True, False])
-                        return gi, gw
-
+                    ours, theirs = backward_calls(g, x, wt, st, pd, dl)
                     a, b = ours(), theirs()
                     ok = max(err(a[0], b[0]), err(a[1], b[1])) < 2e-2
                     out.append([name, timer(ours), timer(theirs), ok])

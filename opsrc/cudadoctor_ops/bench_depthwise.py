@@ -83,6 +83,26 @@ def _rel_err(got, ref) -> float:
 _IMPL_AUTO, _IMPL_PREV = 0, 4  # "v2" (impl 4): the previous default fast kernels
 
 
+def backward_calls(g, x, wt, st, pd, dl):
+    """(ours, torch's): calls that return the input and weight gradients (dX, dW) of a depthwise
+    convolution of x [N, C, H, W] with wt [C, 1, k, k] given grad_output g (bias gradient off)."""
+    ops = torch.ops.cudadoctor_ops
+    c = x.shape[1]
+
+    def ours():
+        gi = ops.depthwise_conv2d_backward_input(g, x, wt, st, pd, dl, _IMPL_AUTO)
+        gw, _ = ops.depthwise_conv2d_backward_weight(g, x, wt, st, pd, dl, False, _IMPL_AUTO)
+        return gi, gw
+
+    def theirs():
+        gi, gw, _ = torch.ops.aten.convolution_backward(
+            g, x, wt, None, st, pd, dl, False, [0, 0], c, [True, True, False]
+        )
+        return gi, gw
+
+    return ours, theirs
+
+
 def _row_type():
     from .bench import Row
 
@@ -113,16 +133,7 @@ def _case_rows(timer, copy_tbps, group, n, c, h, w, k, s, dtype, layout, target_
     def fwd_torch():
         return F.conv2d(x, wt, None, s, p, 1, c)
 
-    def bwd_ours():
-        gi = ops.depthwise_conv2d_backward_input(g, x, wt, st, pd, dl, 0)
-        gw, _ = ops.depthwise_conv2d_backward_weight(g, x, wt, st, pd, dl, False, 0)
-        return gi, gw
-
-    def bwd_torch():
-        gi, gw, _ = torch.ops.aten.convolution_backward(
-            g, x, wt, None, st, pd, dl, False, [0, 0], c, [True, True, False]
-        )
-        return gi, gw
+    bwd_ours, bwd_torch = backward_calls(g, x, wt, st, pd, dl)
 
     # Same answer as torch first (a wrong fast kernel must not pass as a fast one).
     ref_fwd = fwd_torch()
