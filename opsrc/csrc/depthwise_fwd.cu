@@ -781,6 +781,17 @@ bool nchw_v2_async_enabled() {
   return on;
 }
 
+// CUDADOCTOR_OPS_DW_V2_ROWS=2 / 8: rows per thread of fwd_nchw_v2 wherever that plan fits (else
+// the choice by grid size, see run_nchw_v2), read once.
+int nchw_v2_rows_setting() {
+  static const int v = [] {
+    const char* e = std::getenv("CUDADOCTOR_OPS_DW_V2_ROWS");
+    const int r = e ? std::atoi(e) : 0;
+    return r == 2 || r == 8 ? r : 0;
+  }();
+  return v;
+}
+
 template <typename T, int K, int S, int R>
 void launch_nchw_v2(const void* in, const void* w, const void* bias, void* out,
                     const FastShape& s, bool flip, int BX, int BY, int SP, size_t smem,
@@ -829,8 +840,10 @@ bool run_nchw_v2(const void* in, const void* w, const void* bias, void* out,
   NchwV2Plan p;
   // Tall tiles (8 rows per thread) cut the halo re-reads and reuse each
   // shared-memory row across more outputs; use them while the grid still has
-  // several blocks per SM, else 2 rows per thread.
-  if (plan_nchw_v2(s, 8, VE, p) && p.blocks >= 1024) {
+  // several blocks per SM, else 2 rows per thread (CUDADOCTOR_OPS_DW_V2_ROWS=2 / 8
+  // forces one where it fits).
+  const int rows = nchw_v2_rows_setting();
+  if (rows != 2 && plan_nchw_v2(s, 8, VE, p) && (rows == 8 || p.blocks >= 1024)) {
     launch_nchw_v2<T, K, S, 8>(in, w, bias, out, s, flip, p.BX, p.BY, p.SP, p.smem, vec, stream);
     return true;
   }

@@ -1084,8 +1084,11 @@ sys.exit(1 if failures else 0)
 """
 
 
-def test_nchw_v2_async_staging_in_subprocess():
-    proc, report = _run_child_env(_V2_ASYNC_SCRIPT, {"CUDADOCTOR_OPS_DW_V2_ASYNC": "1"})
+@pytest.mark.parametrize("rows", ["", "8"], ids=["rows-auto", "rows-8"])
+def test_nchw_v2_async_staging_in_subprocess(rows):
+    # rows 8: the tall tiles wherever they fit, small images included (CUDADOCTOR_OPS_DW_V2_ROWS)
+    env = {"CUDADOCTOR_OPS_DW_V2_ASYNC": "1", "CUDADOCTOR_OPS_DW_V2_ROWS": rows}
+    proc, report = _run_child_env(_V2_ASYNC_SCRIPT, env)
     assert proc.returncode >= 0, f"child killed by signal {-proc.returncode}:\n{report}"
     n = len(FWD_FAST_CASES) + len(CASES) + 1
     assert proc.returncode == 0 and f"done: {n} checks, 0 failures" in proc.stdout, report
