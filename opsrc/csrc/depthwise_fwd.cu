@@ -462,12 +462,12 @@ constexpr int kSmemLimit = 48 * 1024;  // dynamic shared memory without opt-in
 // stores any of them to shared memory. Without `vec`, element loads.
 // Shared memory row pitch SP = chunks * VE floats; column `off` of a row is
 // input column ix0.
-template <typename T, int K, int S, int R, int RW>
+template <typename T, int K, int S, int R, int RW, bool ASYNC = false>
 __global__ void __launch_bounds__(kThreads)
     fwd_nchw_v2(const T* __restrict__ in, const T* __restrict__ w,
                 const T* __restrict__ bias, T* __restrict__ out, int C, int H,
                 int W, int Ho, int Wo, int PH, int PW, int tilesX, int tilesY,
-                int SP, bool vec, bool flip, bool async_stage) {
+                int SP, bool vec, bool flip) {
   constexpr int VE = 16 / static_cast<int>(sizeof(T));
   extern __shared__ float4 smem_v2[];
   float* tile = reinterpret_cast<float*>(smem_v2);
@@ -509,8 +509,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   bool staged = false;
-  if constexpr (std::is_same<T, float>::value) {
-    if (vec && async_stage) {
+  if constexpr (ASYNC && std::is_same<T, float>::value) {
+    if (vec) {
       // float32 chunks go to shared memory as they are: every chunk of the thread in flight at
       // once as cp.async copies (zeros where the chunk lies outside the image), no registers
       // held. The register path below issues U loads per round but ptxas (sm_90, 32 registers)
@@ -533,13 +533,12 @@ __global__ void __launch_bounds__(kThreads)
           ++r;
         }
       }
-      v3_cp_async_commit();
-      v3_cp_async_wait<0>();
+      v3_cp_async_commit();  // waited for below, after the 5x5 / 7x7 filter loads
       staged = true;
     }
   }
   if (staged) {
-    // the tile is in shared memory (published by the barrier below)
+    // the copies are in flight (waited for before the barrier below)
   } else if (vec) {
     constexpr int U = 8;
     const int total = IH * NCH;
@@ -612,6 +611,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int t = 0; t < K * K; ++t) wr[t] = to_float(wp[flip ? K * K - 1 - t : t]);
     if (bias != nullptr) bv = to_float(bias[c]);
   }
+  if (staged) v3_cp_async_wait<0>();  // this thread's copies; the barrier publishes all
   __syncthreads();
 
   float acc[R][RW];
@@ -800,11 +800,21 @@ void launch_nchw_v2(const void* in, const void* w, const void* bias, void* out,
   const int tilesX = (s.Wo + BX * RW - 1) / (BX * RW);
   const int tilesY = (s.Ho + BY * R - 1) / (BY * R);
   const int64_t blocks = static_cast<int64_t>(tilesX) * tilesY * s.N * s.C;
-  const bool async_stage = std::is_same<T, float>::value && nchw_v2_async_enabled();
+  if constexpr (std::is_same<T, float>::value) {
+    if (vec && nchw_v2_async_enabled()) {
+      // a kernel of its own: the default one keeps its registers (32 at 3x3, 2 rows)
+      fwd_nchw_v2<T, K, S, R, RW, true>
+          <<<static_cast<unsigned>(blocks), dim3(BX, BY), smem, stream>>>(
+              static_cast<const T*>(in), static_cast<const T*>(w), static_cast<const T*>(bias),
+              static_cast<T*>(out), s.C, s.H, s.W, s.Ho, s.Wo, s.PH, s.PW, tilesX, tilesY, SP,
+              vec, flip);
+      return;
+    }
+  }
   fwd_nchw_v2<T, K, S, R, RW><<<static_cast<unsigned>(blocks), dim3(BX, BY), smem, stream>>>(
       static_cast<const T*>(in), static_cast<const T*>(w), static_cast<const T*>(bias),
       static_cast<T*>(out), s.C, s.H, s.W, s.Ho, s.Wo, s.PH, s.PW, tilesX, tilesY, SP, vec,
-      flip, async_stage);
+      flip);
 }
 
 // Geometry of one NCHW v2 launch with R rows per thread; false when its
