@@ -240,6 +240,40 @@ __device__ __forceinline__ void for_partials(const A* pc, int splits, int first,
   }
 }
 
+// One row's pack of V channels into a thread's per-channel Welford states (values shifted by K;
+// the channels share the count n).
+template <typename A, typename T, int V>
+__device__ __forceinline__ void welford_row(const Pack<T, V>& p, const A (&K)[V], A (&mean)[V],
+                                            A (&m2)[V], A& n) {
+  n += A(1);
+  const A f = fast_div(A(1), n);
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    const A v = static_cast<A>(p.v[i]) - K[i];
+    const A d = v - mean[i];
+    mean[i] += d * f;
+    m2[i] += d * (v - mean[i]);
+  }
+}
+
+// Accumulates rows r, r + rstride, .. (< R) of x [R, C] at pack cv, kUnroll loads in flight.
+template <typename A, typename T, int V>
+__device__ __forceinline__ void welford_rows_nhwc(const T* __restrict__ x, int64_t r, int64_t R,
+                                                  int64_t rstride, int64_t C, int64_t cv,
+                                                  const A (&K)[V], A (&mean)[V], A (&m2)[V],
+                                                  A& n) {
+  for (; r < R; r += kUnroll * rstride) {
+    Pack<T, V> p[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (r + u * rstride < R)
+        p[u] = *reinterpret_cast<const Pack<T, V>*>(x + (r + u * rstride) * C + cv * V);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (r + u * rstride < R) welford_row<A, T, V>(p[u], K, mean, m2, n);
+  }
+}
+
 // Non-blocking: brings the line of p into L2 for a load later in the kernel.
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));

@@ -118,21 +118,6 @@ __global__ void __launch_bounds__(kThreads)
   stats_nchw_item<T, V>(x, ws, N, C, HW, blockIdx.x, blockIdx.y, gridDim.y);
 }
 
-// One row's pack of V channels into a thread's per-channel Welford states (values shifted by K;
-// the channels share the count n).
-template <typename A, typename T, int V>
-__device__ __forceinline__ void welford_row(const Pack<T, V>& p, const A (&K)[V], A (&mean)[V],
-                                            A (&m2)[V], A& n) {
-  n += A(1);
-  const A f = fast_div(A(1), n);
-#pragma unroll
-  for (int i = 0; i < V; ++i) {
-    const A v = static_cast<A>(p.v[i]) - K[i];
-    const A d = v - mean[i];
-    mean[i] += d * f;
-    m2[i] += d * (v - mean[i]);
-  }
-}
 
 // Tree merge of the threads' Welford states over threadIdx.y through sm (TY * TX * V * 3
 // accumulators); row 0 then writes the block's partials ws [C, splits, 3] for the V channels of
@@ -212,24 +197,6 @@ __device__ __forceinline__ void merge_rows_to_partials(A* sm, const A (&mean)[V]
       o[1] = slot(0, i, 1);
       o[2] = slot(0, i, 2);
     }
-  }
-}
-
-// Accumulates rows r, r + rstride, .. (< R) of x [R, C] at pack cv, kUnroll loads in flight.
-template <typename A, typename T, int V>
-__device__ __forceinline__ void welford_rows_nhwc(const T* __restrict__ x, int64_t r, int64_t R,
-                                                  int64_t rstride, int64_t C, int64_t cv,
-                                                  const A (&K)[V], A (&mean)[V], A (&m2)[V],
-                                                  A& n) {
-  for (; r < R; r += kUnroll * rstride) {
-    Pack<T, V> p[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      if (r + u * rstride < R)
-        p[u] = *reinterpret_cast<const Pack<T, V>*>(x + (r + u * rstride) * C + cv * V);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      if (r + u * rstride < R) welford_row<A, T, V>(p[u], K, mean, m2, n);
   }
 }
 

@@ -199,34 +199,14 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t cv = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const bool active = cv < Cv;
   const int splits = gridDim.y;
-  A mean[V], m2[V];
+  A mean[V], m2[V], K[V];  // no shift (K = 0): x - 0 is x
   A n = 0;
 #pragma unroll
-  for (int i = 0; i < V; ++i) mean[i] = m2[i] = 0;
+  for (int i = 0; i < V; ++i) mean[i] = m2[i] = K[i] = 0;
   if (active) {
     const int64_t rstride = int64_t(gridDim.y) * blockDim.y;
-    for (int64_t r = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; r < R;
-         r += kUnroll * rstride) {
-      Pack<T, V> p[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-        if (r + u * rstride < R)
-          p[u] = *reinterpret_cast<const Pack<T, V>*>(x + (r + u * rstride) * C + cv * V);
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (r + u * rstride < R) {
-          n += A(1);
-          const A f = bn::fast_div(A(1), n);
-#pragma unroll
-          for (int i = 0; i < V; ++i) {
-            const A v = static_cast<A>(p[u].v[i]);
-            const A d = v - mean[i];
-            mean[i] += d * f;
-            m2[i] += d * (v - mean[i]);
-          }
-        }
-      }
-    }
+    bn::welford_rows_nhwc<A, T, V>(x, int64_t(blockIdx.y) * blockDim.y + threadIdx.y, R, rstride,
+                                   C, cv, K, mean, m2, n);
   }
   const int tx = threadIdx.x, TX = blockDim.x;
   auto slot = [&](int ty, int i, int k) -> A& { return sm[((ty * TX + tx) * V + i) * 3 + k]; };
