@@ -181,6 +181,20 @@ def graph_ms(timer, fn, errors: list | None = None, stream=None, attempts: int =
     return None
 
 
+def graph_pair_into(res: dict, kind: str, timer, ours_fn, eager_fn) -> None:
+    """res[kind + " (graph)"] = (ours, eager) replay ms when both captured; a side whose capture
+    failed for good gets its last error in res["graph_error"] (one that failed once and then
+    worked is no error)."""
+    ms = {}
+    for who, fn in (("ours", ours_fn), ("eager", eager_fn)):
+        errors: list = []
+        ms[who] = graph_ms(timer, fn, errors)
+        if ms[who] is None and errors:
+            res.setdefault("graph_error", {})[f"{kind} {who}"] = errors[-1]
+    if ms["ours"] is not None and ms["eager"] is not None:
+        res[kind + GRAPH] = (ms["ours"], ms["eager"])
+
+
 def bench_case(timer, shape, k, stride, dt, layout, compile_block: bool) -> dict:
     dtype = _DT[dt]
     x, eager, fused = _blocks(shape, k, stride, dtype, layout)
@@ -199,15 +213,7 @@ def bench_case(timer, shape, k, stride, dt, layout, compile_block: bool) -> dict
         return run
 
     def graph_pair(kind, ours_fn, eager_fn):
-        """res[kind + " (graph)"] = (ours, eager) replay ms when both captured; failures in res["graph_error"]."""
-        ms = {}
-        for who, fn in (("ours", ours_fn), ("eager", eager_fn)):
-            errors: list = []
-            ms[who] = graph_ms(timer, fn, errors)
-            if ms[who] is None and errors:  # (a capture that failed once and then worked is no error)
-                res.setdefault("graph_error", {})[f"{kind} {who}"] = errors[-1]
-        if ms["ours"] is not None and ms["eager"] is not None:
-            res[kind + GRAPH] = (ms["ours"], ms["eager"])
+        graph_pair_into(res, kind, timer, ours_fn, eager_fn)
 
     eager.train()
     fused.train()

@@ -148,6 +148,26 @@ def test_graph_ms_retries_a_failed_capture_on_the_given_stream(bc):
     assert torch.all(x == 8.0).item()  # 3 + 3 warm-up calls and the timer's one replay
 
 
+def test_graph_pair_reports_only_final_capture_failures(bc, monkeypatch):
+    # graph_ms stand-in: "ours" failed once and then worked; "eager" failed on both attempts
+    def fake_graph_ms(timer, fn, errors=None, stream=None, attempts=2):
+        if fn == "ours":
+            errors.append("attempt 1: RuntimeError: transient")
+            return 0.5
+        errors += ["attempt 1: RuntimeError: first", "attempt 2: RuntimeError: last"]
+        return None
+
+    monkeypatch.setattr(bc, "graph_ms", fake_graph_ms)
+    res: dict = {}
+    bc.graph_pair_into(res, "train fwd", None, "ours", "eager")
+    assert res["graph_error"] == {"train fwd eager": "attempt 2: RuntimeError: last"}
+    assert "train fwd (graph)" not in res  # one side missing: no ratio row
+    monkeypatch.setattr(bc, "graph_ms", lambda timer, fn, errors=None, **kw: {"ours": 0.5, "eager": 0.75}[fn])
+    res = {}
+    bc.graph_pair_into(res, "fwd+bwd", None, "ours", "eager")
+    assert res == {"fwd+bwd (graph)": (0.5, 0.75)}
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_graph_ms_times_a_replay(bc):
     x = torch.ones(1 << 20, device="cuda")
