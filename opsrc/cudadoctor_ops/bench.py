@@ -199,13 +199,12 @@ def bench_batch_norm(args, timer: Timer, copy_tbps: float) -> list[Row]:
                 # the flush does not hide (the small-tensor backward rows are host-bound)
                 from .bench_cbr import graph_ms
 
-                errors: list = []
                 g_fns = graph_calls or (ours, theirs, None)
-                g_ours = graph_ms(timer, g_fns[0], errors, stream=g_fns[2])
-                errors[:] = [f"ours: {e}" for e in errors]
-                n_ours = len(errors)
-                g_theirs = graph_ms(timer, g_fns[1], errors, stream=g_fns[2])
-                errors[n_ours:] = [f"torch: {e}" for e in errors[n_ours:]]
+                e_ours: list = []
+                e_torch: list = []
+                g_ours = graph_ms(timer, g_fns[0], e_ours, stream=g_fns[2])
+                g_theirs = graph_ms(timer, g_fns[1], e_torch, stream=g_fns[2])
+                errors = [f"ours: {e}" for e in e_ours] + [f"torch: {e}" for e in e_torch]
                 if g_ours is None or g_theirs is None:
                     print(f"  batch_norm {kind} {_fmt_shape(shape)} {dt} {layout}: graph capture failed: "
                           f"{'; '.join(errors)}", file=sys.stderr, flush=True)
