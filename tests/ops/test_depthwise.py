@@ -1052,12 +1052,13 @@ def test_auto_without_nhwc_v4_in_subprocess():
     assert proc.returncode == 0 and "done: 0 failures" in proc.stdout, report
 
 
-# CUDADOCTOR_OPS_DW_V2_ASYNC=1 (read once per process, hence a child): fwd_nchw_v2 stages float32
-# tiles with cp.async instead of through registers. The float32 contiguous forward cases above
-# (chunk copies where W % 4 == 0, element loads elsewhere), every forward+backward case (the
-# stride-1 input gradient runs the same kernel on the flipped filter) and a misaligned data
-# pointer, against float64.
-_V2_ASYNC_SCRIPT = r"""
+# fwd_nchw_v2's staging (the switches are read once per process, hence a child): by default it
+# stages aligned float32 tiles with cp.async; CUDADOCTOR_OPS_DW_V2_ASYNC=0 keeps the register
+# staging, CUDADOCTOR_OPS_DW_V2_ROWS=8 forces the tall tiles wherever they fit (small images
+# included). Each setting runs the float32 contiguous forward cases above (chunk copies where
+# W % 4 == 0, element loads elsewhere), every forward+backward case (the stride-1 input gradient
+# runs the same kernel on the flipped filter) and a misaligned data pointer, against float64.
+_V2_STAGING_SCRIPT = r"""
 import os
 import sys
 
@@ -1065,7 +1066,7 @@ sys.path.insert(0, sys.argv[1])
 import torch
 import test_depthwise as t
 
-assert os.environ.get("CUDADOCTOR_OPS_DW_V2_ASYNC") == "1"
+print("settings:", os.environ.get("CUDADOCTOR_OPS_DW_V2_ASYNC"), os.environ.get("CUDADOCTOR_OPS_DW_V2_ROWS"))
 failures = []
 checks = [(f"forward {t._fwd_id(c)}", lambda c=c: t.test_forward_kernels_match_float64_and_direct(
     c, torch.float32, "nchw")) for c in t.FWD_FAST_CASES]
@@ -1084,11 +1085,14 @@ sys.exit(1 if failures else 0)
 """
 
 
-@pytest.mark.parametrize("rows", ["", "8"], ids=["rows-auto", "rows-8"])
-def test_nchw_v2_async_staging_in_subprocess(rows):
-    # rows 8: the tall tiles wherever they fit, small images included (CUDADOCTOR_OPS_DW_V2_ROWS)
-    env = {"CUDADOCTOR_OPS_DW_V2_ASYNC": "1", "CUDADOCTOR_OPS_DW_V2_ROWS": rows}
-    proc, report = _run_child_env(_V2_ASYNC_SCRIPT, env)
+@pytest.mark.parametrize(
+    "env",
+    [{"CUDADOCTOR_OPS_DW_V2_ASYNC": "0"}, {"CUDADOCTOR_OPS_DW_V2_ROWS": "8"},
+     {"CUDADOCTOR_OPS_DW_V2_ASYNC": "0", "CUDADOCTOR_OPS_DW_V2_ROWS": "8"}],
+    ids=["register-staging", "async-rows-8", "register-rows-8"],
+)
+def test_nchw_v2_staging_settings_in_subprocess(env):
+    proc, report = _run_child_env(_V2_STAGING_SCRIPT, env)
     assert proc.returncode >= 0, f"child killed by signal {-proc.returncode}:\n{report}"
     n = len(FWD_FAST_CASES) + len(CASES) + 1
     assert proc.returncode == 0 and f"done: {n} checks, 0 failures" in proc.stdout, report
