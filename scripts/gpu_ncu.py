@@ -1,6 +1,6 @@
 """Kernels to look at under Nsight Compute, run once each between cudaProfilerStart/Stop.
 
-    ncu --profile-from-start off --section SpeedOfLight ... python scripts/gpu_ncu.py [dw] [bn] [bnh] [bnbig] [bnstats] [tile] [dws]
+    ncu --profile-from-start off --section SpeedOfLight ... python scripts/gpu_ncu.py [dw] [bn] [bnh] [bnbig] [bnstats] [tile] [dws] [dwk5]
 
 Each case runs ours and torch's version twice before the profiled region (so lazy set-up, cuDNN
 heuristics and caches stay out of it), then once inside it.
@@ -87,9 +87,16 @@ def cases(parts):
         # (1,64,128,128) float32 3x3: the forward row below its 2x target
         x, wt = dw_tensors(1, 64, 128, 128, 3, torch.float32, False)
         out.append(("dw (1, 64, 128, 128) k3 s1 fp32 nchw ours",
-                    lambda: ops.depthwise_conv2d(x, wt, None, 1, 1)))
+                    lambda x=x, wt=wt: ops.depthwise_conv2d(x, wt, None, 1, 1)))
         out.append(("dw (1, 64, 128, 128) k3 s1 fp32 nchw torch",
-                    lambda: F.conv2d(x, wt, None, 1, 1, 1, 64)))
+                    lambda x=x, wt=wt: F.conv2d(x, wt, None, 1, 1, 1, 64)))
+    if "dwk5" in parts:
+        # (64,240,28,28) float16 channels_last 5x5: the forward row cuDNN's fp16 kernel still wins
+        x, wt = dw_tensors(64, 240, 28, 28, 5, torch.float16, True)
+        out.append(("dw (64, 240, 28, 28) k5 s1 fp16 nhwc ours",
+                    lambda x=x, wt=wt: ops.depthwise_conv2d(x, wt, None, 1, 2)))
+        out.append(("dw (64, 240, 28, 28) k5 s1 fp16 nhwc torch",
+                    lambda x=x, wt=wt: F.conv2d(x, wt, None, 1, 2, 1, 240)))
     return out
 
 

@@ -19,6 +19,28 @@ namespace depthwise {
 
 enum class DType { F32, F16, BF16 };
 
+// q = n / d for n, d < 2^31 by multiply-high and shift (Granlund-Montgomery,
+// as in ATen's IntDivider): shift = ceil(log2 d), m = floor(2^32 (2^shift - d) / d) + 1,
+// q = (umulhi(n, m) + n) >> shift (the sum fits in 32 bits since n < 2^31). Made on the
+// host, passed to kernels by value: three instructions instead of a division's twenty-odd.
+struct FastDiv {
+  unsigned d, m;
+  int shift;
+};
+
+inline FastDiv make_fastdiv(unsigned d) {
+  FastDiv f;
+  f.d = d;
+  f.shift = 0;
+  while ((1ull << f.shift) < d) ++f.shift;
+  f.m = static_cast<unsigned>(((1ull << 32) * ((1ull << f.shift) - d)) / d + 1);
+  return f;
+}
+
+__device__ __forceinline__ unsigned fdiv(unsigned n, const FastDiv& f) {
+  return (__umulhi(n, f.m) + n) >> f.shift;
+}
+
 // Shape of one depthwise convolution with channel multiplier 1, square
 // kernel K, equal stride S on both axes and dilation 1 (the fast-path case).
 // Padding may be negative: the input-gradient path runs the forward kernel

@@ -39,27 +39,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kTxCap = 8;
 
-// q = n / d for n, d < 2^31 by multiply-high and shift (Granlund-Montgomery,
-// as in ATen's IntDivider): shift = ceil(log2 d), m = floor(2^32 (2^shift - d) / d) + 1,
-// q = (umulhi(n, m) + n) >> shift (the sum fits in 32 bits since n < 2^31).
-struct FastDiv {
-  unsigned d, m;
-  int shift;
-};
-
-FastDiv make_fastdiv(unsigned d) {
-  FastDiv f;
-  f.d = d;
-  f.shift = 0;
-  while ((1ull << f.shift) < d) ++f.shift;
-  f.m = static_cast<unsigned>(((1ull << 32) * ((1ull << f.shift) - d)) / d + 1);
-  return f;
-}
-
-__device__ __forceinline__ unsigned fdiv(unsigned n, const FastDiv& f) {
-  return (__umulhi(n, f.m) + n) >> f.shift;
-}
-
 // a += g * w for V channels; w: V floats in shared memory, 16-byte aligned.
 template <int V>
 __device__ __forceinline__ void fma_tap(float (&a)[V], const float (&g)[V], const float* w) {

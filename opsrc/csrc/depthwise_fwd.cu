@@ -462,11 +462,21 @@ constexpr int kSmemLimit = 48 * 1024;  // dynamic shared memory without opt-in
 // stores any of them to shared memory. Without `vec`, element loads.
 // Shared memory row pitch SP = chunks * VE floats; column `off` of a row is
 // input column ix0.
+//
+// The divisions of the index arithmetic (block index into tiles and plane, channel of the plane,
+// thread index into staging row and chunk) are multiply-high by divisors made on the host
+// (V2Div): with one or two waves of blocks (e.g. (1,64,128,128) float32, 512 blocks) the
+// instructions before the first load are on the critical path of the whole kernel.
+struct V2Div {
+  FastDiv tilesX, tilesY, C, nch, sp;  // nch: chunks per staged row, SP / VE
+  int dr, dq;                          // (BX * BY) / nch and (BX * BY) % nch
+};
+
 template <typename T, int K, int S, int R, int RW, bool ASYNC = false>
 __global__ void __launch_bounds__(kThreads)
     fwd_nchw_v2(const T* __restrict__ in, const T* __restrict__ w,
-                const T* __restrict__ bias, T* __restrict__ out, int C, int H,
-                int W, int Ho, int Wo, int PH, int PW, int tilesX, int tilesY,
+                const T* __restrict__ bias, T* __restrict__ out, int H,
+                int W, int Ho, int Wo, int PH, int PW, V2Div dv,
                 int SP, bool vec, bool flip) {
   constexpr int VE = 16 / static_cast<int>(sizeof(T));
   extern __shared__ float4 smem_v2[];
@@ -476,14 +486,16 @@ __global__ void __launch_bounds__(kThreads)
   const int TW = BX * RW;
   const int TH = BY * R;
   const int IH = (TH - 1) * S + K;
-  const int NCH = SP / VE;
+  const int NCH = static_cast<int>(dv.nch.d);
 
-  int64_t b = blockIdx.x;
-  const int tx_tile = static_cast<int>(b % tilesX);
-  b /= tilesX;
-  const int ty_tile = static_cast<int>(b % tilesY);
-  const int64_t plane = b / tilesY;
-  const int c = static_cast<int>(plane % C);
+  // blockIdx.x = (plane * tilesY + ty_tile) * tilesX + tx_tile (the grid has < 2^31 blocks)
+  const unsigned b = blockIdx.x;
+  const unsigned b1 = fdiv(b, dv.tilesX);
+  const int tx_tile = static_cast<int>(b - b1 * dv.tilesX.d);
+  const unsigned pl = fdiv(b1, dv.tilesY);
+  const int ty_tile = static_cast<int>(b1 - pl * dv.tilesY.d);
+  const int64_t plane = pl;
+  const int c = static_cast<int>(pl - fdiv(pl, dv.C) * dv.C.d);
 
   const int ox0 = tx_tile * TW;
   const int oy0 = ty_tile * TH;
@@ -516,9 +528,9 @@ __global__ void __launch_bounds__(kThreads)
       // held. The register path below issues U loads per round but ptxas (sm_90, 32 registers)
       // stores each chunk before it issues the next load: one DRAM round trip per chunk.
       const int total = IH * NCH;
-      const int dr = nthr / NCH;
-      const int dq = nthr - dr * NCH;
-      int r = tid / NCH;
+      const int dr = dv.dr;
+      const int dq = dv.dq;
+      int r = static_cast<int>(fdiv(tid, dv.nch));
       int q = tid - r * NCH;
       for (int i = tid; i < total; i += nthr) {
         const int iy = iy0 + r;
@@ -544,9 +556,9 @@ __global__ void __launch_bounds__(kThreads)
     const int total = IH * NCH;
     // chunk i is tile row r = i / NCH, chunk q = i % NCH, and starts at tile + i * VE (SP =
     // NCH * VE); (r, q) advance by (dr, dq) per nthr chunks, without a division per chunk
-    const int dr = nthr / NCH;
-    const int dq = nthr - dr * NCH;
-    int r = tid / NCH;
+    const int dr = dv.dr;
+    const int dq = dv.dq;
+    int r = static_cast<int>(fdiv(tid, dv.nch));
     int q = tid - r * NCH;
     for (int base = tid; base < total; base += U * nthr) {
       uint4 v[U];
@@ -589,7 +601,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int i = base + u * nthr;
-        const int r = i / SP;
+        const int r = static_cast<int>(fdiv(i, dv.sp));
         const int iy = iy0 + r;
         const int ix = a0 + (i - r * SP);
         const bool ok = i < total && iy >= 0 && iy < H && ix >= 0 && ix < W;
@@ -798,24 +810,32 @@ void launch_nchw_v2(const void* in, const void* w, const void* bias, void* out,
                     const FastShape& s, bool flip, int BX, int BY, int SP, size_t smem,
                     bool vec, cudaStream_t stream) {
   constexpr int RW = 4;
+  constexpr int VE = 16 / static_cast<int>(sizeof(T));
   const int tilesX = (s.Wo + BX * RW - 1) / (BX * RW);
   const int tilesY = (s.Ho + BY * R - 1) / (BY * R);
   const int64_t blocks = static_cast<int64_t>(tilesX) * tilesY * s.N * s.C;
+  const int nch = SP / VE;
+  V2Div dv;
+  dv.tilesX = make_fastdiv(static_cast<unsigned>(tilesX));
+  dv.tilesY = make_fastdiv(static_cast<unsigned>(tilesY));
+  dv.C = make_fastdiv(static_cast<unsigned>(s.C));
+  dv.nch = make_fastdiv(static_cast<unsigned>(nch));
+  dv.sp = make_fastdiv(static_cast<unsigned>(SP));
+  dv.dr = BX * BY / nch;
+  dv.dq = BX * BY - dv.dr * nch;
   if constexpr (std::is_same<T, float>::value) {
     if (vec && nchw_v2_async_enabled()) {
       // a kernel of its own: the default one keeps its registers (32 at 3x3, 2 rows)
       fwd_nchw_v2<T, K, S, R, RW, true>
           <<<static_cast<unsigned>(blocks), dim3(BX, BY), smem, stream>>>(
               static_cast<const T*>(in), static_cast<const T*>(w), static_cast<const T*>(bias),
-              static_cast<T*>(out), s.C, s.H, s.W, s.Ho, s.Wo, s.PH, s.PW, tilesX, tilesY, SP,
-              vec, flip);
+              static_cast<T*>(out), s.H, s.W, s.Ho, s.Wo, s.PH, s.PW, dv, SP, vec, flip);
       return;
     }
   }
   fwd_nchw_v2<T, K, S, R, RW><<<static_cast<unsigned>(blocks), dim3(BX, BY), smem, stream>>>(
       static_cast<const T*>(in), static_cast<const T*>(w), static_cast<const T*>(bias),
-      static_cast<T*>(out), s.C, s.H, s.W, s.Ho, s.Wo, s.PH, s.PW, tilesX, tilesY, SP, vec,
-      flip);
+      static_cast<T*>(out), s.H, s.W, s.Ho, s.Wo, s.PH, s.PW, dv, SP, vec, flip);
 }
 
 // Geometry of one NCHW v2 launch with R rows per thread; false when its
