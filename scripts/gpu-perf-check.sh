@@ -27,7 +27,8 @@
 # TEST_PATHS (pytest paths of `tests`, default tests/ops), TEST_WORKERS (pytest-xdist workers, default 14: tests/ops took about 210 s that way on the H200
 # machine, then over 250 s once the switch tests of the depthwise weight gradient, bn_tile_nhwc's
 # merge batch and Conv+BN+ReLU's contiguous forward were added; T_TESTS defaults to 490: 361 s on 2026-11-30 with
-# smoke alongside, then past 420 s (97% done) once the graph bench test passed; build + tests fit one 600 s call).
+# smoke alongside, then past 420 s (97% done) once the graph bench test passed, 350 s again later that day;
+# the build took 77-104 s, so build + tests fit one 600 s call only with T_TESTS <= 480).
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
