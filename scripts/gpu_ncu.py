@@ -83,20 +83,16 @@ def cases(parts):
         yo = ops.batch_norm(xg, rm.clone(), rv.clone(), wg, bg, True, activation="relu")
         out.append((tag + " backward relu ours",
                     lambda y=yo, i=(xg, wg, bg), g=gy: torch.autograd.grad(y, i, g, retain_graph=True)))
-    if "dws" in parts:
-        # (1,64,128,128) float32 3x3: the forward row below its 2x target
-        x, wt = dw_tensors(1, 64, 128, 128, 3, torch.float32, False)
-        out.append(("dw (1, 64, 128, 128) k3 s1 fp32 nchw ours",
-                    lambda x=x, wt=wt: ops.depthwise_conv2d(x, wt, None, 1, 1)))
-        out.append(("dw (1, 64, 128, 128) k3 s1 fp32 nchw torch",
-                    lambda x=x, wt=wt: F.conv2d(x, wt, None, 1, 1, 1, 64)))
-    if "dwk5" in parts:
-        # (64,240,28,28) float16 channels_last 5x5: the forward row cuDNN's fp16 kernel still wins
-        x, wt = dw_tensors(64, 240, 28, 28, 5, torch.float16, True)
-        out.append(("dw (64, 240, 28, 28) k5 s1 fp16 nhwc ours",
-                    lambda x=x, wt=wt: ops.depthwise_conv2d(x, wt, None, 1, 2)))
-        out.append(("dw (64, 240, 28, 28) k5 s1 fp16 nhwc torch",
-                    lambda x=x, wt=wt: F.conv2d(x, wt, None, 1, 2, 1, 240)))
+    # single depthwise forward rows: dws, (1,64,128,128) float32 3x3, below its 2x target;
+    # dwk5, (64,240,28,28) float16 channels_last 5x5, the forward row cuDNN's fp16 kernel still wins
+    for part, (n, c, h, w), k, dt, cl in [("dws", (1, 64, 128, 128), 3, torch.float32, False),
+                                          ("dwk5", (64, 240, 28, 28), 5, torch.float16, True)]:
+        if part not in parts:
+            continue
+        x, wt = dw_tensors(n, c, h, w, k, dt, cl)
+        tag = f"dw {(n, c, h, w)} k{k} s1 {'fp32' if dt == torch.float32 else 'fp16'} {'nhwc' if cl else 'nchw'}"
+        out.append((tag + " ours", lambda x=x, wt=wt, p=k // 2: ops.depthwise_conv2d(x, wt, None, 1, p)))
+        out.append((tag + " torch", lambda x=x, wt=wt, p=k // 2, c=c: F.conv2d(x, wt, None, 1, p, 1, c)))
     return out
 
 
