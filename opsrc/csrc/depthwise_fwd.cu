@@ -472,7 +472,14 @@ struct V2Div {
   int dr, dq;                          // (BX * BY) / nch and (BX * BY) % nch
 };
 
-template <typename T, int K, int S, int R, int RW, bool ASYNC = false>
+// LEAN (with ASYNC, float32 only; CUDADOCTOR_OPS_DW_V2_LEAN=1, launched where the plane has fewer
+// than 2^31 elements): fewer instructions before the tile lands. The filter taps load from one
+// base at constant offsets and are reversed in registers for `flip` (instead of an address per
+// tap per direction), and the staging loop walks a 32-bit element offset into the plane and a
+// shared-memory address by precomputed steps (instead of a 64-bit address rebuilt per chunk).
+// At 0.5 waves ((1,64,128,128), 512 blocks) the kernel is issue-bound: the SASS before the
+// barrier is on its critical path.
+template <typename T, int K, int S, int R, int RW, bool ASYNC = false, bool LEAN = false>
 __global__ void __launch_bounds__(kThreads)
     fwd_nchw_v2(const T* __restrict__ in, const T* __restrict__ w,
                 const T* __restrict__ bias, T* __restrict__ out, int H,
@@ -514,14 +521,79 @@ __global__ void __launch_bounds__(kThreads)
   float wr[K * K];
   const T* wp = w + static_cast<int64_t>(c) * K * K;
   float bv = 0.f;
-  if constexpr (K <= 3) {
+  constexpr bool kLean = ASYNC && LEAN && std::is_same<T, float>::value;
+  // taps at constant offsets from wp, reversed in registers for flip (LEAN)
+  auto load_filter_lean = [&]() {
 #pragma unroll
-    for (int t = 0; t < K * K; ++t) wr[t] = to_float(wp[flip ? K * K - 1 - t : t]);
+    for (int t = 0; t < K * K; ++t) wr[t] = to_float(wp[t]);
+    if (flip) {
+#pragma unroll
+      for (int t = 0; t < K * K / 2; ++t) {
+        const float u = wr[t];
+        wr[t] = wr[K * K - 1 - t];
+        wr[K * K - 1 - t] = u;
+      }
+    }
     if (bias != nullptr) bv = to_float(bias[c]);
+  };
+  if constexpr (K <= 3) {
+    if constexpr (kLean) {
+      load_filter_lean();
+    } else {
+#pragma unroll
+      for (int t = 0; t < K * K; ++t) wr[t] = to_float(wp[flip ? K * K - 1 - t : t]);
+      if (bias != nullptr) bv = to_float(bias[c]);
+    }
   }
 
   bool staged = false;
-  if constexpr (ASYNC && std::is_same<T, float>::value) {
+  if constexpr (kLean) {
+    if (vec) {
+      // chunk i = tid + k * nthr is tile row r, chunk q (i = r * NCH + q): input row iy0 + r,
+      // columns a0 + q * VE .. + VE - 1, element offset e = iy * W + ix in the plane, kept modulo
+      // 2^32 (exact wherever the chunk is inside the image: the launcher's condition is a plane of
+      // fewer than 2^32 elements); (r, q, e) advance by (dr, dq, dr * W + dq * VE) per step, one
+      // row more when q wraps.
+      const int total = IH * NCH;
+      int r = static_cast<int>(fdiv(tid, dv.nch));
+      int q = tid - r * NCH;
+      int iy = iy0 + r;
+      int ix = a0 + q * VE;
+      uint32_t e = static_cast<uint32_t>(iy) * static_cast<uint32_t>(W) + static_cast<uint32_t>(ix);
+      const uint32_t de =
+          static_cast<uint32_t>(dv.dr) * static_cast<uint32_t>(W) + static_cast<uint32_t>(dv.dq * VE);
+      const int wrap_x = NCH * VE;
+      const uint32_t wrap_e = static_cast<uint32_t>(W) - static_cast<uint32_t>(NCH * VE);
+      uint32_t sa = static_cast<uint32_t>(__cvta_generic_to_shared(reinterpret_cast<uint4*>(tile) + tid));
+      const uint32_t dsa = static_cast<uint32_t>(nthr) * 16u;
+      for (int i = tid; i < total; i += nthr) {
+        const bool ok = static_cast<unsigned>(iy) < static_cast<unsigned>(H) &&
+                        static_cast<unsigned>(ix) < static_cast<unsigned>(W);
+        const T* src = ip + (ok ? e : 0u);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(src),
+                     "r"(ok ? 16 : 0)
+                     : "memory");
+#else
+        reinterpret_cast<uint4*>(tile)[i] =
+            ok ? __ldg(reinterpret_cast<const uint4*>(src)) : make_uint4(0u, 0u, 0u, 0u);
+#endif
+        sa += dsa;
+        q += dv.dq;
+        iy += dv.dr;
+        ix += dv.dq * VE;
+        e += de;
+        if (q >= NCH) {
+          q -= NCH;
+          ++iy;
+          ix -= wrap_x;
+          e += wrap_e;
+        }
+      }
+      v3_cp_async_commit();  // waited for below, after the 5x5 / 7x7 filter loads
+      staged = true;
+    }
+  } else if constexpr (ASYNC && std::is_same<T, float>::value) {
     if (vec) {
       // float32 chunks go to shared memory as they are: every chunk of the thread in flight at
       // once as cp.async copies (zeros where the chunk lies outside the image), no registers
@@ -619,9 +691,13 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   if constexpr (K > 3) {
+    if constexpr (kLean) {
+      load_filter_lean();
+    } else {
 #pragma unroll
-    for (int t = 0; t < K * K; ++t) wr[t] = to_float(wp[flip ? K * K - 1 - t : t]);
-    if (bias != nullptr) bv = to_float(bias[c]);
+      for (int t = 0; t < K * K; ++t) wr[t] = to_float(wp[flip ? K * K - 1 - t : t]);
+      if (bias != nullptr) bv = to_float(bias[c]);
+    }
   }
   if (staged) v3_cp_async_wait<0>();  // this thread's copies; the barrier publishes all
   __syncthreads();
@@ -794,6 +870,16 @@ bool nchw_v2_async_enabled() {
   return on;
 }
 
+// CUDADOCTOR_OPS_DW_V2_LEAN=1: the LEAN build of the cp.async kernel (see fwd_nchw_v2); default off
+// until timed on a GPU (read once).
+bool nchw_v2_lean_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("CUDADOCTOR_OPS_DW_V2_LEAN");
+    return e != nullptr && e[0] == '1';
+  }();
+  return on;
+}
+
 // CUDADOCTOR_OPS_DW_V2_ROWS=2 / 8: rows per thread of fwd_nchw_v2 wherever that plan fits (else
 // the choice by grid size, see run_nchw_v2), read once.
 int nchw_v2_rows_setting() {
@@ -824,6 +910,15 @@ void launch_nchw_v2(const void* in, const void* w, const void* bias, void* out,
   dv.dr = BX * BY / nch;
   dv.dq = BX * BY - dv.dr * nch;
   if constexpr (std::is_same<T, float>::value) {
+    if (vec && nchw_v2_async_enabled() && nchw_v2_lean_enabled() &&
+        static_cast<int64_t>(s.H) * s.W < (int64_t(1) << 32)) {
+      // 32-bit element offsets into the plane
+      fwd_nchw_v2<T, K, S, R, RW, true, true>
+          <<<static_cast<unsigned>(blocks), dim3(BX, BY), smem, stream>>>(
+              static_cast<const T*>(in), static_cast<const T*>(w), static_cast<const T*>(bias),
+              static_cast<T*>(out), s.H, s.W, s.Ho, s.Wo, s.PH, s.PW, dv, SP, vec, flip);
+      return;
+    }
     if (vec && nchw_v2_async_enabled()) {
       // a kernel of its own: the default one keeps its registers (32 at 3x3, 2 rows)
       fwd_nchw_v2<T, K, S, R, RW, true>
