@@ -475,8 +475,9 @@ struct V2Div {
 // LEAN (with ASYNC, float32 only; CUDADOCTOR_OPS_DW_V2_LEAN=1, launched where the plane has fewer
 // than 2^31 elements): fewer instructions before the tile lands. The filter taps load from one
 // base at constant offsets and are reversed in registers for `flip` (instead of an address per
-// tap per direction), and the staging loop walks a 32-bit element offset into the plane and a
-// shared-memory address by precomputed steps (instead of a 64-bit address rebuilt per chunk).
+// tap per direction), the staging loop walks a 32-bit element offset into the plane and a
+// shared-memory address by precomputed steps (instead of a 64-bit address rebuilt per chunk), and
+// a tile wholly inside the output stores by pointer steps without bounds checks.
 // At 0.5 waves ((1,64,128,128), 512 blocks) the kernel is issue-bound: the SASS before the
 // barrier is on its critical path.
 template <typename T, int K, int S, int R, int RW, bool ASYNC = false, bool LEAN = false>
@@ -730,6 +731,23 @@ __global__ void __launch_bounds__(kThreads)
 
   T* op = out + plane * static_cast<int64_t>(Ho) * Wo;
   const int oyb = oy0 + threadIdx.y * R;
+  if constexpr (kLean) {
+    // a tile wholly inside the output (block-uniform): stores by pointer steps, no bounds checks
+    if (oy0 + TH <= Ho && ox0 + TW <= Wo) {
+      T* orow = op + static_cast<int64_t>(oyb) * Wo + ox0 + threadIdx.x;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        T* oc = orow;
+#pragma unroll
+        for (int j = 0; j < RW; ++j) {
+          *oc = from_float<T>(acc[r][j]);
+          oc += BX;
+        }
+        orow += Wo;
+      }
+      return;
+    }
+  }
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int oy = oyb + r;
