@@ -523,29 +523,27 @@ __global__ void __launch_bounds__(kThreads)
   const T* wp = w + static_cast<int64_t>(c) * K * K;
   float bv = 0.f;
   constexpr bool kLean = ASYNC && LEAN && std::is_same<T, float>::value;
-  // taps at constant offsets from wp, reversed in registers for flip (LEAN)
-  auto load_filter_lean = [&]() {
-#pragma unroll
-    for (int t = 0; t < K * K; ++t) wr[t] = to_float(wp[t]);
-    if (flip) {
-#pragma unroll
-      for (int t = 0; t < K * K / 2; ++t) {
-        const float u = wr[t];
-        wr[t] = wr[K * K - 1 - t];
-        wr[K * K - 1 - t] = u;
-      }
-    }
-    if (bias != nullptr) bv = to_float(bias[c]);
-  };
-  if constexpr (K <= 3) {
+  // the filter taps (and bias); LEAN: taps at constant offsets from wp, reversed in registers
+  // for flip
+  auto load_filter = [&]() {
     if constexpr (kLean) {
-      load_filter_lean();
+#pragma unroll
+      for (int t = 0; t < K * K; ++t) wr[t] = to_float(wp[t]);
+      if (flip) {
+#pragma unroll
+        for (int t = 0; t < K * K / 2; ++t) {
+          const float u = wr[t];
+          wr[t] = wr[K * K - 1 - t];
+          wr[K * K - 1 - t] = u;
+        }
+      }
     } else {
 #pragma unroll
       for (int t = 0; t < K * K; ++t) wr[t] = to_float(wp[flip ? K * K - 1 - t : t]);
-      if (bias != nullptr) bv = to_float(bias[c]);
     }
-  }
+    if (bias != nullptr) bv = to_float(bias[c]);
+  };
+  if constexpr (K <= 3) load_filter();
 
   bool staged = false;
   if constexpr (kLean) {
@@ -691,15 +689,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 
-  if constexpr (K > 3) {
-    if constexpr (kLean) {
-      load_filter_lean();
-    } else {
-#pragma unroll
-      for (int t = 0; t < K * K; ++t) wr[t] = to_float(wp[flip ? K * K - 1 - t : t]);
-      if (bias != nullptr) bv = to_float(bias[c]);
-    }
-  }
+  if constexpr (K > 3) load_filter();
   if (staged) v3_cp_async_wait<0>();  // this thread's copies; the barrier publishes all
   __syncthreads();
 
