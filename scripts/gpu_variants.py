@@ -22,7 +22,7 @@
     dwn  depthwise float32 NCHW forward and backward (dX + dW) on the issue's target shapes
          (CUDADOCTOR_OPS_DW_V2_LEAN=1: the cp.async kernel's LEAN build; CUDADOCTOR_OPS_DW_V2_ASYNC=0:
          fwd_nchw_v2 stages its tiles through registers instead of cp.async;
-         CUDADOCTOR_OPS_DW_V2_ROWS=8 / 2 forces tall / short tiles)
+         CUDADOCTOR_OPS_DW_V2_ROWS=8 / 4 / 2 forces 8- / 4- / 2-row tiles, 4 for float32 only)
     dww  depthwise channels_last weight gradient alone (CUDADOCTOR_OPS_DW_WGRAD_SMEM=0 / 1, _PF), against
          torch's convolution_backward for the weight alone
 
@@ -56,7 +56,8 @@ CBR_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_NHWC_TILE_WIDE": "0"}, {"CUDADOCTOR_OPS_
                 {"CUDADOCTOR_OPS_CBR_TILE": "0"}]
 DW_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_V4_CFG": "3"}]
 DWN_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_V2_LEAN": "1"}, {"CUDADOCTOR_OPS_DW_V2_ASYNC": "0"},
-                {"CUDADOCTOR_OPS_DW_V2_ROWS": "8"}, {"CUDADOCTOR_OPS_DW_V2_LEAN": "1", "CUDADOCTOR_OPS_DW_V2_ROWS": "2"}]
+                {"CUDADOCTOR_OPS_DW_V2_ROWS": "8"}, {"CUDADOCTOR_OPS_DW_V2_LEAN": "1", "CUDADOCTOR_OPS_DW_V2_ROWS": "2"},
+                {"CUDADOCTOR_OPS_DW_V2_LEAN": "1", "CUDADOCTOR_OPS_DW_V2_ROWS": "4"}]
 DWN_CASES = [(1, 64, 128, 128, 3), (8, 64, 128, 128, 3), (1, 256, 128, 128, 3), (32, 12, 112, 112, 5),
              (64, 32, 112, 112, 3)]
 DWB_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "0"}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "1"},

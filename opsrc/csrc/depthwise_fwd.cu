@@ -888,13 +888,14 @@ bool nchw_v2_lean_enabled() {
   return on;
 }
 
-// CUDADOCTOR_OPS_DW_V2_ROWS=2 / 8: rows per thread of fwd_nchw_v2 wherever that plan fits (else
+// CUDADOCTOR_OPS_DW_V2_ROWS=2 / 4 / 8: rows per thread of fwd_nchw_v2 wherever that plan fits (4:
+// float32 only, built for timing the LEAN kernel's tile height; else
 // the choice by grid size, see run_nchw_v2), read once.
 int nchw_v2_rows_setting() {
   static const int v = [] {
     const char* e = std::getenv("CUDADOCTOR_OPS_DW_V2_ROWS");
     const int r = e ? std::atoi(e) : 0;
-    return r == 2 || r == 8 ? r : 0;
+    return r == 2 || r == 4 || r == 8 ? r : 0;
   }();
   return v;
 }
@@ -980,6 +981,12 @@ bool run_nchw_v2(const void* in, const void* w, const void* bias, void* out,
   // 512 and 768 blocks of 8 rows, ran 12% and 25% faster with them on the H200;
   // (1,64,128,128), 128 blocks, ran faster with 2 rows.
   const int rows = nchw_v2_rows_setting();
+  if constexpr (std::is_same<T, float>::value) {
+    if (rows == 4 && plan_nchw_v2(s, 4, VE, p)) {
+      launch_nchw_v2<T, K, S, 4>(in, w, bias, out, s, flip, p.BX, p.BY, p.SP, p.smem, vec, stream);
+      return true;
+    }
+  }
   const bool use_async = std::is_same<T, float>::value && vec && nchw_v2_async_enabled();
   const int64_t tall_min_blocks = use_async ? 256 : 1024;
   if (rows != 2 && plan_nchw_v2(s, 8, VE, p) && (rows == 8 || p.blocks >= tall_min_blocks)) {

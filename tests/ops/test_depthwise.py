@@ -1055,7 +1055,7 @@ def test_auto_without_nhwc_v4_in_subprocess():
 # fwd_nchw_v2's staging (the switches are read once per process, hence a child): by default it
 # stages aligned float32 tiles with cp.async; CUDADOCTOR_OPS_DW_V2_ASYNC=0 keeps the register
 # staging, CUDADOCTOR_OPS_DW_V2_ROWS=8 forces the tall tiles wherever they fit (small images
-# included), CUDADOCTOR_OPS_DW_V2_LEAN=1 runs the cp.async kernel's LEAN build (filter taps at
+# included; =4, float32 only, the 4-row tiles), CUDADOCTOR_OPS_DW_V2_LEAN=1 runs the cp.async kernel's LEAN build (filter taps at
 # constant offsets, reversed in registers for the input gradient; incremental staging offsets). Each setting runs the float32 contiguous forward cases above (chunk copies where
 # W % 4 == 0, element loads elsewhere), every forward+backward case (the stride-1 input gradient
 # runs the same kernel on the flipped filter) and a misaligned data pointer, against float64.
@@ -1090,8 +1090,10 @@ sys.exit(1 if failures else 0)
     "env",
     [{"CUDADOCTOR_OPS_DW_V2_ASYNC": "0"}, {"CUDADOCTOR_OPS_DW_V2_ROWS": "8"},
      {"CUDADOCTOR_OPS_DW_V2_ASYNC": "0", "CUDADOCTOR_OPS_DW_V2_ROWS": "8"},
-     {"CUDADOCTOR_OPS_DW_V2_LEAN": "1"}, {"CUDADOCTOR_OPS_DW_V2_LEAN": "1", "CUDADOCTOR_OPS_DW_V2_ROWS": "8"}],
-    ids=["register-staging", "async-rows-8", "register-rows-8", "lean", "lean-rows-8"],
+     {"CUDADOCTOR_OPS_DW_V2_LEAN": "1"}, {"CUDADOCTOR_OPS_DW_V2_LEAN": "1", "CUDADOCTOR_OPS_DW_V2_ROWS": "8"},
+     {"CUDADOCTOR_OPS_DW_V2_LEAN": "1", "CUDADOCTOR_OPS_DW_V2_ROWS": "4"}, {"CUDADOCTOR_OPS_DW_V2_ROWS": "4"}],
+    ids=["register-staging", "async-rows-8", "register-rows-8", "lean", "lean-rows-8", "lean-rows-4",
+         "async-rows-4"],
 )
 def test_nchw_v2_staging_settings_in_subprocess(env):
     proc, report = _run_child_env(_V2_STAGING_SCRIPT, env)
