@@ -31,6 +31,8 @@
 #include <string>
 #include <unordered_map>
 
+#include "env_setting.h"
+
 namespace cudadoctor_ops {
 namespace bn {
 
@@ -277,21 +279,6 @@ __device__ __forceinline__ void welford_rows_nhwc(const T* __restrict__ x, int64
 // Non-blocking: brings the line of p into L2 for a load later in the kernel.
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
-inline int env_switch(const char* name) {
-  const char* e = std::getenv(name);
-  if (e == nullptr || *e == '\0') return -1;
-  return e[0] == '0' ? 0 : 1;
-}
-
-// The integer value of environment variable `name` when it is one of `allowed`, else `fallback`.
-inline int env_choice(const char* name, std::initializer_list<int> allowed, int fallback) {
-  const char* e = std::getenv(name);
-  const int v = e ? std::atoi(e) : 0;
-  for (int a : allowed)
-    if (v == a) return v;
-  return fallback;
 }
 
 // CUDADOCTOR_OPS_BN_FIN_BLOCK (see kFinThreads), read once.

@@ -1234,10 +1234,7 @@ constexpr int64_t kFusedMaxBytes = int64_t(32) << 20;
 // CUDADOCTOR_OPS_BN_STATS_PIPE=0 / 2 / 4: the channels-last statistics kernel without the
 // pipelined loop / in groups of 2 or 4 rows (bn_stats_nhwc_pipe; default 4), read once.
 inline int stats_pipe_setting() {
-  static const int v = [] {
-    const char* e = std::getenv("CUDADOCTOR_OPS_BN_STATS_PIPE");
-    return e == nullptr || *e == '\0' ? 4 : env_choice("CUDADOCTOR_OPS_BN_STATS_PIPE", {0, 2, 4}, 4);
-  }();
+  static const int v = env_choice("CUDADOCTOR_OPS_BN_STATS_PIPE", {0, 2, 4}, 4);
   return v;
 }
 

@@ -5,7 +5,9 @@
 #include <cstdlib>
 #include <type_traits>
 
+#include "async_copy.cuh"
 #include "depthwise.cuh"
+#include "env_setting.h"
 
 namespace cudadoctor_ops {
 namespace depthwise {
@@ -413,34 +415,6 @@ bool dispatch_bwd_input(const void* go, const void* w, void* gin, const FastShap
   return false;
 }
 
-// 16 bytes global -> shared without going through registers (cp.async, sm_80+);
-// zeros when !valid (src-size 0 reads nothing). Older architectures copy
-// through registers; the commit/wait helpers are then no-ops and the block
-// barrier alone publishes the tile.
-__device__ __forceinline__ void v3_cp_async16(uint4* dst, const void* src, bool valid) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
-               "r"(valid ? 16 : 0)
-               : "memory");
-#else
-  *dst = valid ? __ldg(static_cast<const uint4*>(src)) : make_uint4(0u, 0u, 0u, 0u);
-#endif
-}
-
-__device__ __forceinline__ void v3_cp_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-
-template <int N>
-__device__ __forceinline__ void v3_cp_async_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-#endif
-}
-
 // ---------------------------------------------------------------------------
 // Second-generation forward kernels.
 
@@ -476,7 +450,7 @@ struct V2Div {
 // than 2^31 elements): fewer instructions before the tile lands. The filter taps load from one
 // base at constant offsets and are reversed in registers for `flip` (instead of an address per
 // tap per direction), the staging loop walks a 32-bit element offset into the plane and a
-// shared-memory address by precomputed steps (instead of a 64-bit address rebuilt per chunk), and
+// shared-memory pointer by precomputed steps (instead of a 64-bit address rebuilt per chunk), and
 // a tile wholly inside the output stores by pointer steps without bounds checks.
 // At 0.5 waves ((1,64,128,128), 512 blocks) the kernel is issue-bound: the SASS before the
 // barrier is on its critical path.
@@ -563,21 +537,12 @@ __global__ void __launch_bounds__(kThreads)
           static_cast<uint32_t>(dv.dr) * static_cast<uint32_t>(W) + static_cast<uint32_t>(dv.dq * VE);
       const int wrap_x = NCH * VE;
       const uint32_t wrap_e = static_cast<uint32_t>(W) - static_cast<uint32_t>(NCH * VE);
-      uint32_t sa = static_cast<uint32_t>(__cvta_generic_to_shared(reinterpret_cast<uint4*>(tile) + tid));
-      const uint32_t dsa = static_cast<uint32_t>(nthr) * 16u;
+      uint4* dst = reinterpret_cast<uint4*>(tile) + tid;
       for (int i = tid; i < total; i += nthr) {
         const bool ok = static_cast<unsigned>(iy) < static_cast<unsigned>(H) &&
                         static_cast<unsigned>(ix) < static_cast<unsigned>(W);
-        const T* src = ip + (ok ? e : 0u);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(src),
-                     "r"(ok ? 16 : 0)
-                     : "memory");
-#else
-        reinterpret_cast<uint4*>(tile)[i] =
-            ok ? __ldg(reinterpret_cast<const uint4*>(src)) : make_uint4(0u, 0u, 0u, 0u);
-#endif
-        sa += dsa;
+        cp_async16_zfill(dst, ip + (ok ? e : 0u), ok);
+        dst += nthr;
         q += dv.dq;
         iy += dv.dr;
         ix += dv.dq * VE;
@@ -589,7 +554,7 @@ __global__ void __launch_bounds__(kThreads)
           e += wrap_e;
         }
       }
-      v3_cp_async_commit();  // waited for below, after the 5x5 / 7x7 filter loads
+      cp_async_commit();  // waited for below, after the 5x5 / 7x7 filter loads
       staged = true;
     }
   } else if constexpr (ASYNC && std::is_same<T, float>::value) {
@@ -608,7 +573,7 @@ __global__ void __launch_bounds__(kThreads)
         const int ix = a0 + q * VE;
         const bool ok = iy >= 0 && iy < H && ix >= 0 && ix < W;
         const T* src = ok ? ip + static_cast<int64_t>(iy) * W + ix : ip;
-        v3_cp_async16(reinterpret_cast<uint4*>(tile) + i, src, ok);
+        cp_async16_zfill(reinterpret_cast<uint4*>(tile) + i, src, ok);
         q += dq;
         r += dr;
         if (q >= NCH) {
@@ -616,7 +581,7 @@ __global__ void __launch_bounds__(kThreads)
           ++r;
         }
       }
-      v3_cp_async_commit();  // waited for below, after the 5x5 / 7x7 filter loads
+      cp_async_commit();  // waited for below, after the 5x5 / 7x7 filter loads
       staged = true;
     }
   }
@@ -690,7 +655,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   if constexpr (K > 3) load_filter();
-  if (staged) v3_cp_async_wait<0>();  // this thread's copies; the barrier publishes all
+  if (staged) cp_async_wait_group<0>();  // this thread's copies; the barrier publishes all
   __syncthreads();
 
   float acc[R][RW];
@@ -871,20 +836,14 @@ __global__ void __launch_bounds__(kThreads, 2)
 // keeps the register staging (read once). H200, fp32 NCHW 3x3 and 5x5 forward: 4 to 10% faster
 // on the five target shapes at the same tile plan.
 bool nchw_v2_async_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("CUDADOCTOR_OPS_DW_V2_ASYNC");
-    return !(e != nullptr && e[0] == '0');
-  }();
+  static const bool on = env_switch("CUDADOCTOR_OPS_DW_V2_ASYNC") != 0;
   return on;
 }
 
 // CUDADOCTOR_OPS_DW_V2_LEAN=1: the LEAN build of the cp.async kernel (see fwd_nchw_v2); default off
 // until timed on a GPU (read once).
 bool nchw_v2_lean_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("CUDADOCTOR_OPS_DW_V2_LEAN");
-    return e != nullptr && e[0] == '1';
-  }();
+  static const bool on = env_choice("CUDADOCTOR_OPS_DW_V2_LEAN", {0, 1}, 0) == 1;
   return on;
 }
 
@@ -892,11 +851,7 @@ bool nchw_v2_lean_enabled() {
 // float32 only, built for timing the LEAN kernel's tile height; else
 // the choice by grid size, see run_nchw_v2), read once.
 int nchw_v2_rows_setting() {
-  static const int v = [] {
-    const char* e = std::getenv("CUDADOCTOR_OPS_DW_V2_ROWS");
-    const int r = e ? std::atoi(e) : 0;
-    return r == 2 || r == 4 || r == 8 ? r : 0;
-  }();
+  static const int v = env_choice("CUDADOCTOR_OPS_DW_V2_ROWS", {2, 4, 8}, 0);
   return v;
 }
 
@@ -1105,14 +1060,14 @@ struct V3Args {
 // groups are still in flight.
 __device__ __forceinline__ void v3_cp_async_wait_dyn(int pending) {
   switch (pending) {
-    case 0: v3_cp_async_wait<0>(); break;
-    case 1: v3_cp_async_wait<1>(); break;
-    case 2: v3_cp_async_wait<2>(); break;
-    case 3: v3_cp_async_wait<3>(); break;
-    case 4: v3_cp_async_wait<4>(); break;
-    case 5: v3_cp_async_wait<5>(); break;
-    case 6: v3_cp_async_wait<6>(); break;
-    default: v3_cp_async_wait<7>(); break;
+    case 0: cp_async_wait_group<0>(); break;
+    case 1: cp_async_wait_group<1>(); break;
+    case 2: cp_async_wait_group<2>(); break;
+    case 3: cp_async_wait_group<3>(); break;
+    case 4: cp_async_wait_group<4>(); break;
+    case 5: cp_async_wait_group<5>(); break;
+    case 6: cp_async_wait_group<6>(); break;
+    default: cp_async_wait_group<7>(); break;
   }
   static_assert(kV3MaxBands == 8, "v3_cp_async_wait_dyn covers 0..7 pending groups");
 }
@@ -1201,7 +1156,7 @@ __global__ void __launch_bounds__(kV3Threads, 2)
         const bool ok = cok && static_cast<unsigned>(iy) < static_cast<unsigned>(a.H) &&
                         static_cast<unsigned>(ix) < static_cast<unsigned>(a.W);
         const T* src = ok ? in_n + (static_cast<int64_t>(iy) * a.W + ix) * a.C + c : in;
-        v3_cp_async16(tile + (row * IW + col) * CGb + cg, src, ok);
+        cp_async16_zfill(tile + (row * IW + col) * CGb + cg, src, ok);
         col += dc;
         row += dr;
         if (col >= IW) {
@@ -1209,7 +1164,7 @@ __global__ void __launch_bounds__(kV3Threads, 2)
           ++row;
         }
       }
-      v3_cp_async_commit();
+      cp_async_commit();
       rs = re;
     }
   }
