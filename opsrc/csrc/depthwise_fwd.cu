@@ -454,7 +454,18 @@ struct V2Div {
 // a tile wholly inside the output stores by pointer steps without bounds checks.
 // At 0.5 waves ((1,64,128,128), 512 blocks) the kernel is issue-bound: the SASS before the
 // barrier is on its critical path.
-template <typename T, int K, int S, int R, int RW, bool ASYNC = false, bool LEAN = false>
+//
+// COLV >= 0 (float32, stride 1, RW = 4, the cp.async staging; default, CUDADOCTOR_OPS_DW_V2_COLV=0
+// for without): thread (tx, ty) computes the
+// 4 consecutive columns 4 * tx .. 4 * tx + 3 of the tile instead of tx + j * BX. Its input window
+// of a tile row, 4 + K - 1 floats starting at tile column 4 * tx + off, is read as
+// ceil((off + 4 + K - 1) / 4) 16-byte shared loads (conflict-free: consecutive lanes read
+// consecutive 16 bytes) instead of 4 * K scalar loads, and each output row is one 16-byte store
+// where aligned. COLV is `off`, fixed by the padding ((-PW) mod 4: the tile starts at a multiple
+// of 4 columns), so the window's register indices are compile-time constants. Same sums in the
+// same order as the default mapping.
+template <typename T, int K, int S, int R, int RW, bool ASYNC = false, bool LEAN = false,
+          int COLV = -1>
 __global__ void __launch_bounds__(kThreads)
     fwd_nchw_v2(const T* __restrict__ in, const T* __restrict__ w,
                 const T* __restrict__ bias, T* __restrict__ out, int H,
@@ -664,6 +675,57 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int j = 0; j < RW; ++j) acc[r][j] = bv;
 
+  if constexpr (COLV >= 0) {
+    static_assert(S == 1 && RW == 4 && COLV < 4 && std::is_same<T, float>::value,
+                  "COLV: float32, stride 1, 4 columns per thread");
+    constexpr int NV = (COLV + RW + K - 1 + 3) / 4;  // 16-byte loads per tile row
+    // SP % 4 == 0: every thread's window starts 16-byte aligned; the launcher checks that the
+    // last thread's NV loads stay inside the row (4 * (BX - 1) + 4 * NV <= SP)
+    const float* sq = tile + threadIdx.y * R * SP + 4 * threadIdx.x;
+#pragma unroll
+    for (int ir = 0; ir < R - 1 + K; ++ir) {
+      float v[4 * NV];
+#pragma unroll
+      for (int m = 0; m < NV; ++m) {
+        const float4 q = *reinterpret_cast<const float4*>(sq + ir * SP + 4 * m);
+        v[4 * m] = q.x;
+        v[4 * m + 1] = q.y;
+        v[4 * m + 2] = q.z;
+        v[4 * m + 3] = q.w;
+      }
+#pragma unroll
+      for (int j = 0; j < RW; ++j) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const int kh = ir - r;
+          if (kh >= 0 && kh < K) {
+#pragma unroll
+            for (int kw = 0; kw < K; ++kw)
+              acc[r][j] = fmaf(v[COLV + j + kw], wr[kh * K + kw], acc[r][j]);
+          }
+        }
+      }
+    }
+    T* op = out + plane * static_cast<int64_t>(Ho) * Wo;
+    const int oyb = oy0 + threadIdx.y * R;
+    const int oxs = ox0 + 4 * threadIdx.x;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int oy = oyb + r;
+      if (oy < Ho) {
+        T* o = op + static_cast<int64_t>(oy) * Wo + oxs;
+        if (oxs + 3 < Wo && (reinterpret_cast<uintptr_t>(o) & 15u) == 0) {
+          *reinterpret_cast<float4*>(o) = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+        } else {
+#pragma unroll
+          for (int j = 0; j < RW; ++j)
+            if (oxs + j < Wo) o[j] = acc[r][j];
+        }
+      }
+    }
+    return;
+  }
+
   const float* sp = tile + (threadIdx.y * R * S) * SP + off + threadIdx.x * S;
   const int colstep = BX * S;
 #pragma unroll
@@ -847,6 +909,15 @@ bool nchw_v2_lean_enabled() {
   return on;
 }
 
+// The cp.async kernel runs with 4 consecutive columns per thread at stride 1 (COLV, see
+// fwd_nchw_v2); CUDADOCTOR_OPS_DW_V2_COLV=0 keeps the strided columns (read once). H200, fp32 NCHW
+// forward, one run: (8,64,128,128) 24.4 vs 25.6 us, (64,32,112,112) 61.6 vs 63.2, (1,256,128,128)
+// 14.6 vs 14.9, (32,12,112,112) 5x5 21.2 vs 21.3; backward unchanged.
+bool nchw_v2_colv_enabled() {
+  static const bool on = env_choice("CUDADOCTOR_OPS_DW_V2_COLV", {0, 1}, 1) == 1;
+  return on;
+}
+
 // CUDADOCTOR_OPS_DW_V2_ROWS=2 / 4 / 8: rows per thread of fwd_nchw_v2 wherever that plan fits (4:
 // float32 only, built for timing the LEAN kernel's tile height; else
 // the choice by grid size, see run_nchw_v2), read once.
@@ -873,6 +944,24 @@ void launch_nchw_v2(const void* in, const void* w, const void* bias, void* out,
   dv.sp = make_fastdiv(static_cast<unsigned>(SP));
   dv.dr = BX * BY / nch;
   dv.dq = BX * BY - dv.dr * nch;
+  if constexpr (std::is_same<T, float>::value && S == 1) {
+    // COLV: the window of the last thread's 16-byte loads inside the staged row
+    const int off = ((-s.PW) % 4 + 4) % 4;
+    const int nv = (off + RW + K - 1 + 3) / 4;
+    if (vec && nchw_v2_async_enabled() && nchw_v2_colv_enabled() && 4 * (BX - 1) + 4 * nv <= SP) {
+      const auto args = [&](auto kernel) {
+        kernel<<<static_cast<unsigned>(blocks), dim3(BX, BY), smem, stream>>>(
+            static_cast<const T*>(in), static_cast<const T*>(w), static_cast<const T*>(bias),
+            static_cast<T*>(out), s.H, s.W, s.Ho, s.Wo, s.PH, s.PW, dv, SP, vec, flip);
+      };
+      switch (off) {
+        case 0: args(fwd_nchw_v2<T, K, S, R, RW, true, false, 0>); return;
+        case 1: args(fwd_nchw_v2<T, K, S, R, RW, true, false, 1>); return;
+        case 2: args(fwd_nchw_v2<T, K, S, R, RW, true, false, 2>); return;
+        default: args(fwd_nchw_v2<T, K, S, R, RW, true, false, 3>); return;
+      }
+    }
+  }
   if constexpr (std::is_same<T, float>::value) {
     if (vec && nchw_v2_async_enabled() && nchw_v2_lean_enabled() &&
         static_cast<int64_t>(s.H) * s.W < (int64_t(1) << 32)) {

@@ -313,6 +313,17 @@ FWD_FAST_CASES = [
     (1, 8, 3, 9, 5, 1, 2),  # H smaller than the kernel
     (1, 12, 9, 10, 3, 1, 1),  # C % 8 != 0: 16-bit channels_last takes the 4-channel kernels
     (1, 6, 9, 9, 3, 2, 1),  # C % 4 != 0: channels_last takes the direct kernel
+    # stride 1, W % 4 == 0, every padding mod 4 for each fast kernel size: the float32 kernel's
+    # window offsets 0..3 in its 16-byte staged rows ((-padding) mod 4)
+    (2, 8, 12, 16, 3, 1, 0),
+    (2, 8, 12, 16, 3, 1, 2),
+    (1, 8, 20, 20, 5, 1, 0),
+    (1, 8, 20, 24, 5, 1, 1),
+    (1, 8, 20, 24, 5, 1, 2),
+    (1, 8, 20, 24, 5, 1, 3),
+    (1, 8, 20, 20, 7, 1, 0),
+    (1, 8, 20, 20, 7, 1, 2),
+    (1, 8, 20, 20, 7, 1, 5),
 ]
 
 FWD_TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
@@ -1056,7 +1067,10 @@ def test_auto_without_nhwc_v4_in_subprocess():
 # stages aligned float32 tiles with cp.async; CUDADOCTOR_OPS_DW_V2_ASYNC=0 keeps the register
 # staging, CUDADOCTOR_OPS_DW_V2_ROWS=8 forces the tall tiles wherever they fit (small images
 # included; =4, float32 only, the 4-row tiles), CUDADOCTOR_OPS_DW_V2_LEAN=1 runs the cp.async kernel's LEAN build (filter taps at
-# constant offsets, reversed in registers for the input gradient; incremental staging offsets). Each setting runs the float32 contiguous forward cases above (chunk copies where
+# constant offsets, reversed in registers for the input gradient; incremental staging offsets),
+# the cp.async kernel runs its stride-1 build with 4 consecutive columns per thread by default
+# (16-byte shared loads and stores; the cases cover every window offset 0..3) and
+# CUDADOCTOR_OPS_DW_V2_COLV=0 the strided columns. Each setting runs the float32 contiguous forward cases above (chunk copies where
 # W % 4 == 0, element loads elsewhere), every forward+backward case (the stride-1 input gradient
 # runs the same kernel on the flipped filter) and a misaligned data pointer, against float64.
 _V2_STAGING_SCRIPT = r"""
@@ -1091,9 +1105,11 @@ sys.exit(1 if failures else 0)
     [{"CUDADOCTOR_OPS_DW_V2_ASYNC": "0"}, {"CUDADOCTOR_OPS_DW_V2_ROWS": "8"},
      {"CUDADOCTOR_OPS_DW_V2_ASYNC": "0", "CUDADOCTOR_OPS_DW_V2_ROWS": "8"},
      {"CUDADOCTOR_OPS_DW_V2_LEAN": "1"}, {"CUDADOCTOR_OPS_DW_V2_LEAN": "1", "CUDADOCTOR_OPS_DW_V2_ROWS": "8"},
-     {"CUDADOCTOR_OPS_DW_V2_LEAN": "1", "CUDADOCTOR_OPS_DW_V2_ROWS": "4"}, {"CUDADOCTOR_OPS_DW_V2_ROWS": "4"}],
+     {"CUDADOCTOR_OPS_DW_V2_LEAN": "1", "CUDADOCTOR_OPS_DW_V2_ROWS": "4"}, {"CUDADOCTOR_OPS_DW_V2_ROWS": "4"},
+     {"CUDADOCTOR_OPS_DW_V2_COLV": "0"}, {"CUDADOCTOR_OPS_DW_V2_COLV": "1", "CUDADOCTOR_OPS_DW_V2_ROWS": "8"},
+     {"CUDADOCTOR_OPS_DW_V2_COLV": "1", "CUDADOCTOR_OPS_DW_V2_ROWS": "4"}],
     ids=["register-staging", "async-rows-8", "register-rows-8", "lean", "lean-rows-8", "lean-rows-4",
-         "async-rows-4"],
+         "async-rows-4", "strided-columns", "colv-rows-8", "colv-rows-4"],
 )
 def test_nchw_v2_staging_settings_in_subprocess(env):
     proc, report = _run_child_env(_V2_STAGING_SCRIPT, env)
