@@ -464,8 +464,16 @@ struct V2Div {
 // where aligned. COLV is `off`, fixed by the padding ((-PW) mod 4: the tile starts at a multiple
 // of 4 columns), so the window's register indices are compile-time constants. Same sums in the
 // same order as the default mapping.
+//
+// SPLIT (with COLV and R = 2; CUDADOCTOR_OPS_DW_V2_SPLIT=1, default off): the tile is staged and
+// computed in two halves so that a grid of under one wave, where every block is in the same
+// phase at once, overlaps its DRAM reads, arithmetic and DRAM writes. Thread (tx, ty) computes
+// output rows ty and ty + BY of the tile (instead of 2 ty and 2 ty + 1); the input rows of the
+// top half, 0 .. BY + K - 2, are one cp.async group and the rest a second one; the block waits
+// for the first group, computes and stores its top rows while the second lands, then waits for
+// it and computes the bottom rows. Same sums in the same order.
 template <typename T, int K, int S, int R, int RW, bool ASYNC = false, bool LEAN = false,
-          int COLV = -1>
+          int COLV = -1, bool SPLIT = false>
 __global__ void __launch_bounds__(kThreads)
     fwd_nchw_v2(const T* __restrict__ in, const T* __restrict__ w,
                 const T* __restrict__ bias, T* __restrict__ out, int H,
@@ -529,6 +537,79 @@ __global__ void __launch_bounds__(kThreads)
     if (bias != nullptr) bv = to_float(bias[c]);
   };
   if constexpr (K <= 3) load_filter();
+
+  if constexpr (SPLIT) {
+    static_assert(COLV >= 0 && R == 2 && ASYNC, "SPLIT: the COLV kernel with 2 rows per thread");
+    constexpr int NV = (COLV + RW + K - 1 + 3) / 4;  // 16-byte loads per tile row (see COLV)
+    // chunks i0 .. i1 - 1 of the staged tile (i = row * NCH + chunk), as the ASYNC path stages them
+    const auto stage = [&](int i0, int i1) {
+      const int first = i0 + tid;
+      int r = static_cast<int>(fdiv(static_cast<unsigned>(first), dv.nch));
+      int q = first - r * NCH;
+      for (int i = first; i < i1; i += nthr) {
+        const int iy = iy0 + r;
+        const int ix = a0 + q * VE;
+        const bool ok = iy >= 0 && iy < H && ix >= 0 && ix < W;
+        const T* src = ok ? ip + static_cast<int64_t>(iy) * W + ix : ip;
+        cp_async16_zfill(reinterpret_cast<uint4*>(tile) + i, src, ok);
+        q += dv.dq;
+        r += dv.dr;
+        if (q >= NCH) {
+          q -= NCH;
+          ++r;
+        }
+      }
+      cp_async_commit();
+    };
+    const int top_rows = min(IH, BY + K - 1);
+    stage(0, top_rows * NCH);
+    stage(top_rows * NCH, IH * NCH);
+    if constexpr (K > 3) load_filter();
+    T* op = out + plane * static_cast<int64_t>(Ho) * Wo;
+    const int oxs = ox0 + 4 * threadIdx.x;
+    // output row `lr` of the tile (its input rows lr .. lr + K - 1 landed and published)
+    const auto row = [&](int lr) {
+      float acc[RW];
+#pragma unroll
+      for (int j = 0; j < RW; ++j) acc[j] = bv;
+      const float* sq = tile + lr * SP + 4 * threadIdx.x;
+#pragma unroll
+      for (int kh = 0; kh < K; ++kh) {
+        float v[4 * NV];
+#pragma unroll
+        for (int m = 0; m < NV; ++m) {
+          const float4 q = *reinterpret_cast<const float4*>(sq + kh * SP + 4 * m);
+          v[4 * m] = q.x;
+          v[4 * m + 1] = q.y;
+          v[4 * m + 2] = q.z;
+          v[4 * m + 3] = q.w;
+        }
+#pragma unroll
+        for (int j = 0; j < RW; ++j) {
+#pragma unroll
+          for (int kw = 0; kw < K; ++kw) acc[j] = fmaf(v[COLV + j + kw], wr[kh * K + kw], acc[j]);
+        }
+      }
+      const int oy = oy0 + lr;
+      if (oy < Ho) {
+        T* o = op + static_cast<int64_t>(oy) * Wo + oxs;
+        if (oxs + 3 < Wo && (reinterpret_cast<uintptr_t>(o) & 15u) == 0) {
+          *reinterpret_cast<float4*>(o) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        } else {
+#pragma unroll
+          for (int j = 0; j < RW; ++j)
+            if (oxs + j < Wo) o[j] = acc[j];
+        }
+      }
+    };
+    cp_async_wait_group<1>();  // this thread's top-half copies; the barrier publishes all
+    __syncthreads();
+    row(threadIdx.y);
+    cp_async_wait_group<0>();
+    __syncthreads();
+    row(threadIdx.y + BY);
+    return;
+  }
 
   bool staged = false;
   if constexpr (kLean) {
@@ -913,6 +994,13 @@ bool nchw_v2_lean_enabled() {
 // fwd_nchw_v2); CUDADOCTOR_OPS_DW_V2_COLV=0 keeps the strided columns (read once). H200, fp32 NCHW
 // forward, one run: (8,64,128,128) 24.4 vs 25.6 us, (64,32,112,112) 61.6 vs 63.2, (1,256,128,128)
 // 14.6 vs 14.9, (32,12,112,112) 5x5 21.2 vs 21.3; backward unchanged.
+// CUDADOCTOR_OPS_DW_V2_SPLIT=1: the COLV kernel with 2-row tiles staged and computed in two halves
+// (SPLIT, see fwd_nchw_v2); default off until timed on a GPU (read once).
+bool nchw_v2_split_enabled() {
+  static const bool on = env_choice("CUDADOCTOR_OPS_DW_V2_SPLIT", {0, 1}, 0) == 1;
+  return on;
+}
+
 bool nchw_v2_colv_enabled() {
   static const bool on = env_choice("CUDADOCTOR_OPS_DW_V2_COLV", {0, 1}, 1) == 1;
   return on;
@@ -954,6 +1042,16 @@ void launch_nchw_v2(const void* in, const void* w, const void* bias, void* out,
             static_cast<const T*>(in), static_cast<const T*>(w), static_cast<const T*>(bias),
             static_cast<T*>(out), s.H, s.W, s.Ho, s.Wo, s.PH, s.PW, dv, SP, vec, flip);
       };
+      if constexpr (R == 2) {
+        if (nchw_v2_split_enabled()) {
+          switch (off) {
+            case 0: args(fwd_nchw_v2<T, K, S, R, RW, true, false, 0, true>); return;
+            case 1: args(fwd_nchw_v2<T, K, S, R, RW, true, false, 1, true>); return;
+            case 2: args(fwd_nchw_v2<T, K, S, R, RW, true, false, 2, true>); return;
+            default: args(fwd_nchw_v2<T, K, S, R, RW, true, false, 3, true>); return;
+          }
+        }
+      }
       switch (off) {
         case 0: args(fwd_nchw_v2<T, K, S, R, RW, true, false, 0>); return;
         case 1: args(fwd_nchw_v2<T, K, S, R, RW, true, false, 1>); return;

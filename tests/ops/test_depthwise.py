@@ -1070,7 +1070,8 @@ def test_auto_without_nhwc_v4_in_subprocess():
 # constant offsets, reversed in registers for the input gradient; incremental staging offsets),
 # the cp.async kernel runs its stride-1 build with 4 consecutive columns per thread by default
 # (16-byte shared loads and stores; the cases cover every window offset 0..3) and
-# CUDADOCTOR_OPS_DW_V2_COLV=0 the strided columns. Each setting runs the float32 contiguous forward cases above (chunk copies where
+# CUDADOCTOR_OPS_DW_V2_COLV=0 the strided columns; CUDADOCTOR_OPS_DW_V2_SPLIT=1 stages and
+# computes its 2-row tiles in two halves (rows ty and ty + BY per thread, two cp.async groups). Each setting runs the float32 contiguous forward cases above (chunk copies where
 # W % 4 == 0, element loads elsewhere), every forward+backward case (the stride-1 input gradient
 # runs the same kernel on the flipped filter) and a misaligned data pointer, against float64.
 _V2_STAGING_SCRIPT = r"""
@@ -1107,9 +1108,10 @@ sys.exit(1 if failures else 0)
      {"CUDADOCTOR_OPS_DW_V2_LEAN": "1"}, {"CUDADOCTOR_OPS_DW_V2_LEAN": "1", "CUDADOCTOR_OPS_DW_V2_ROWS": "8"},
      {"CUDADOCTOR_OPS_DW_V2_LEAN": "1", "CUDADOCTOR_OPS_DW_V2_ROWS": "4"}, {"CUDADOCTOR_OPS_DW_V2_ROWS": "4"},
      {"CUDADOCTOR_OPS_DW_V2_COLV": "0"}, {"CUDADOCTOR_OPS_DW_V2_COLV": "1", "CUDADOCTOR_OPS_DW_V2_ROWS": "8"},
-     {"CUDADOCTOR_OPS_DW_V2_COLV": "1", "CUDADOCTOR_OPS_DW_V2_ROWS": "4"}],
+     {"CUDADOCTOR_OPS_DW_V2_COLV": "1", "CUDADOCTOR_OPS_DW_V2_ROWS": "4"},
+     {"CUDADOCTOR_OPS_DW_V2_SPLIT": "1"}, {"CUDADOCTOR_OPS_DW_V2_SPLIT": "1", "CUDADOCTOR_OPS_DW_V2_ROWS": "2"}],
     ids=["register-staging", "async-rows-8", "register-rows-8", "lean", "lean-rows-8", "lean-rows-4",
-         "async-rows-4", "strided-columns", "colv-rows-8", "colv-rows-4"],
+         "async-rows-4", "strided-columns", "colv-rows-8", "colv-rows-4", "split", "split-rows-2"],
 )
 def test_nchw_v2_staging_settings_in_subprocess(env):
     proc, report = _run_child_env(_V2_STAGING_SCRIPT, env)
