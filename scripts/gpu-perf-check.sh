@@ -74,7 +74,7 @@ section_tests() {
 section_bench() {
   # BENCH_OPS: the sections of `cudadoctor_ops.bench` (default batch_norm depthwise); BENCH_ARGS:
   # extra arguments (e.g. --graph); BENCH_CBR=0 skips the Conv+BN+ReLU bench
-  ( cd "$L" && lim "${T_BENCH:-130}" "$PY" -m cudadoctor_ops.bench ${BENCH_OPS:-batch_norm depthwise} ${BENCH_ARGS:-} >"$OUT/bench.txt" 2>"$L/bench.err" )
+  ( cd "$L" && lim "${T_BENCH:-180}" "$PY" -m cudadoctor_ops.bench ${BENCH_OPS:-batch_norm depthwise} ${BENCH_ARGS:-} >"$OUT/bench.txt" 2>"$L/bench.err" )
   say "bench ${BENCH_OPS:-batch_norm depthwise}: exit $? ($(grep -E 'rows meet' "$OUT/bench.txt" | tail -n 1))"
   [ "${BENCH_CBR:-1}" = 0 ] && return 0
   ( cd "$L" && lim "${T_CBR:-130}" "$PY" -m cudadoctor_ops.bench_cbr --cases headline >"$OUT/cbr.txt" 2>&1 )

@@ -5,7 +5,11 @@
 Per case: our time, torch's time, the ratio (torch / ours, > 1 means faster), the achieved
 bandwidth under a byte model, and that bandwidth as a share of the device-to-device copy
 bandwidth measured at the start of the run. Times are medians of triton.testing.do_bench when
-triton is importable, else medians of CUDA-event timings with an L2 flush before each rep.
+triton is importable, else medians of CUDA-event timings with an L2 flush before each rep. Ours
+and torch's are timed in the order ours, torch, torch, ours and each side keeps the lower of its
+two medians, so that neither side gains from going second (warm clocks, a settled allocator):
+the first of the two timings of a 7-9 us kernel read up to 10% slower than a second one in the
+same run.
 Host time per call shows in these numbers once it exceeds the flush; ``--graph`` adds, for
 BatchNorm's training forward and backward, the same calls replayed from CUDA graphs (GPU time
 only) as rows of their own ("train fwd (graph)", "backward (graph)") with the same targets.
@@ -38,11 +42,21 @@ class Timer:
             from triton.testing import do_bench
 
             self._do_bench = do_bench
-            self.method = "triton.testing.do_bench (median)"
+            self.method = "triton.testing.do_bench (median; ours, torch, torch, ours: lower of two each)"
         except Exception:  # noqa: BLE001 - triton is optional
             self._do_bench = None
-            self.method = "cuda events with L2 flush (median)"
+            self.method = "cuda events with L2 flush (median; ours, torch, torch, ours: lower of two each)"
         self._flush = None
+
+    def pair(self, ours: Callable[[], object], theirs: Callable[[], object]) -> tuple[float, float]:
+        """(ours, theirs) milliseconds: each timed twice, in the order ours, theirs, theirs,
+        ours, and each side's lower median kept (symmetric in the two sides: a drift of the clocks
+        or a first-call cost hits both the same)."""
+        o1 = self(ours)
+        t1 = self(theirs)
+        t2 = self(theirs)
+        o2 = self(ours)
+        return min(o1, o2), min(t1, t2)
 
     def __call__(self, fn: Callable[[], object]) -> float:
         """Median milliseconds of one call of fn."""
@@ -191,7 +205,7 @@ def bench_batch_norm(args, timer: Timer, copy_tbps: float) -> list[Row]:
         def add(kind, ours, theirs, mult, graph_calls=None):
             """graph_calls: (ours, theirs, stream) to capture instead of ours / theirs."""
             tr, tc = bn_targets(kind, shape, dt, layout)
-            row = Row("batch_norm", kind, shape, dt, layout, timer(ours), timer(theirs), mult * size, tr, tc)
+            row = Row("batch_norm", kind, shape, dt, layout, *timer.pair(ours, theirs), mult * size, tr, tc)
             rows.append(row.finish(copy_tbps))
             _progress(rows[-1])
             if getattr(args, "graph", False) and kind in ("train fwd", "backward"):

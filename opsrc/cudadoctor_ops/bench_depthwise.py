@@ -151,7 +151,7 @@ def _case_rows(timer, copy_tbps, group, n, c, h, w, k, s, dtype, layout, target_
         ("bwd dX+dW", bwd_ours, bwd_torch, (2 * x.numel() + g.numel()) * esz, target_bwd, ok_bwd),
     ):
         row = Row("depthwise", f"{kind} k{k} s{s} {group}", (n, c, h, w), _SHORT[dtype],
-                  layout.lower(), timer(ours), timer(theirs), nbytes, target)
+                  layout.lower(), *timer.pair(ours, theirs), nbytes, target)
         row.finish(copy_tbps)
         if kind == "fwd":
             row.prev_ms = timer(fwd_prev)

@@ -90,3 +90,17 @@ def test_graph_bench_runs_every_quick_case_on_a_gpu(ops, tmp_path):
         kinds = {r["kind"] for r in rows if (tuple(r["shape"]), r["dtype"], r["layout"]) == case}
         failed = [ln for ln in proc.stderr.splitlines() if "graph capture failed" in ln]
         assert {"train fwd (graph)", "backward (graph)"} <= kinds, (case, kinds, failed)
+
+
+def test_pair_times_ours_theirs_theirs_ours_and_keeps_each_sides_lower_median(bench):
+    calls = []
+    medians = {"ours": iter([2.0, 1.5]), "theirs": iter([3.0, 3.5])}
+
+    class ScriptedTimer(bench.Timer):
+        def __call__(self, fn):
+            side = fn()
+            calls.append(side)
+            return next(medians[side])
+
+    assert ScriptedTimer().pair(lambda: "ours", lambda: "theirs") == (1.5, 3.0)
+    assert calls == ["ours", "theirs", "theirs", "ours"]
