@@ -49,6 +49,35 @@ def _extra_cuda_includes() -> list[str]:
     return dirs
 
 
+def _cudnn_frontend() -> dict | None:
+    """Build settings of csrc/cudnn_conv_stats.cpp: the C++ headers of nvidia-cudnn-frontend
+    (header-only; the pip package installs them under site-packages/include) and cuDNN's headers
+    and library from the nvidia-cudnn package torch depends on. None where either is missing or
+    CUDADOCTOR_OPS_CUDNN_FE=0: the op is then built without a kernel (the Python layer falls
+    back to the frontend's Python API, if installed, or to the usual forward)."""
+    if os.environ.get("CUDADOCTOR_OPS_CUDNN_FE", "") == "0":
+        return None
+    try:
+        import importlib.metadata as md
+
+        files = md.files("nvidia-cudnn-frontend") or []
+    except Exception:  # noqa: BLE001 - not installed
+        return None
+    fe_inc = None
+    for f in files:
+        if str(f).replace("\\", "/").endswith("include/cudnn_frontend.h"):
+            fe_inc = os.path.dirname(str(f.locate()))
+            break
+    if fe_inc is None or not os.path.isfile(os.path.join(fe_inc, "cudnn_frontend.h")):
+        return None
+    for entry in sys.path:
+        base = os.path.join(entry, "nvidia", "cudnn")
+        inc, lib = os.path.join(base, "include"), os.path.join(base, "lib")
+        if os.path.isfile(os.path.join(inc, "cudnn.h")) and os.path.isfile(os.path.join(lib, "libcudnn.so.9")):
+            return {"include_dirs": [fe_inc, inc], "library_dirs": [lib]}
+    return None
+
+
 def _nvcc_flags() -> list[str]:
     return [
         "-O3",
@@ -59,10 +88,18 @@ def _nvcc_flags() -> list[str]:
     ]
 
 
+_FE = _cudnn_frontend()
+print(f"cudadoctor-ops: cudnn_conv_stats {'with the cuDNN frontend headers in ' + _FE['include_dirs'][0] if _FE else 'without a kernel (nvidia-cudnn-frontend or cuDNN headers not found)'}",
+      file=sys.stderr)
+
 ext = CUDAExtension(
     name="cudadoctor_ops._C",
     sources=_sources(),
-    include_dirs=[os.path.join(HERE, "csrc")] + _extra_cuda_includes(),
+    include_dirs=[os.path.join(HERE, "csrc")] + _extra_cuda_includes() + (_FE["include_dirs"] if _FE else []),
+    define_macros=[("CUDADOCTOR_OPS_CUDNN_FE", "1")] if _FE else [],
+    library_dirs=_FE["library_dirs"] if _FE else [],
+    # the soname torch already loads (libtorch_cuda needs it): no search path at run time
+    libraries=[":libcudnn.so.9"] if _FE else [],
     extra_compile_args={"cxx": ["-O3", "-DNDEBUG"], "nvcc": _nvcc_flags()},
 )
 

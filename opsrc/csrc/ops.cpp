@@ -113,5 +113,13 @@ TORCH_LIBRARY(cudadoctor_ops, m) {
       "Tensor(a!)? running_mean, Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked, "
       "float momentum, float eps, bool shifted) -> (Tensor, Tensor, Tensor, Tensor)");
 
+  // The convolution of the training forward with per-channel sums of (y - shift) and their squares
+  // computed in cuDNN's epilogue (csrc/cudnn_conv_stats.cpp; a CUDA kernel only in builds that
+  // found nvidia-cudnn-frontend's headers). input channels_last float16 / bfloat16, groups 1.
+  // -> (y channels_last, float32 [2, K] sums, status 1 shifted / 0 plain / -1 declined, reason).
+  m.def(
+      "cudnn_conv_stats(Tensor input, Tensor weight, int[2] stride, int[2] padding, "
+      "int[2] dilation, Tensor? shift) -> (Tensor, Tensor, int, str)");
+
   // ---- further ops: append their m.def lines here ----
 }

@@ -1,5 +1,7 @@
 """The convolution of Conv+BN+ReLU's training forward with BatchNorm's batch statistics computed in
-its epilogue, through cuDNN's graph API (the optional ``nvidia-cudnn-frontend`` package).
+its epilogue, through cuDNN's graph API (the optional ``nvidia-cudnn-frontend`` package): from C++
+(``cudadoctor_ops.cudnn_conv_stats``, csrc/cudnn_conv_stats.cpp) where the wheel was built with the
+frontend's headers installed, else through the frontend's Python API.
 
 One cuDNN graph per block shape: conv_fprop -> Y (written out, channels_last), D = Y - shift (the
 running mean before this step, or none), and two ADD reductions over N, H, W: sum(D) and
@@ -10,12 +12,13 @@ of its own over the data for statistics: ``conv_bn_relu_apply_sums`` turns the s
 mean / invstd, updates the running statistics and writes out + mask in one elementwise pass.
 
 Opt-in: CUDADOCTOR_OPS_CBR_CUDNN_STATS=1 (read at every call), for float16 / bfloat16
-channels_last inputs, groups 1, no conv bias, channels multiple of 8, when the frontend imports.
-On the H200 (torch 2.11, cuDNN 9.19, frontend 1.14.1; bench_cbr, (32,64,56,56)->64 fp16 and
-(64,128,28,28)->128 bf16) it takes the GPU time of the training forward from 45.8 to 43.1 us and
-from 50.0 to 51.5 us (CUDA-graph replays, two runs of the bench), while an eager call takes
-0.21-0.24 ms of wall time (host-bound: the frontend's Python execute) against 0.05-0.11 ms without
-it: a small GPU gain paid for in host time, hence off by default. A shape cuDNN has no engine for
+channels_last inputs, groups 1, no conv bias, channels multiple of 8, when the C++ op has a kernel
+or the frontend imports. On the H200 (torch 2.11, cuDNN 9.19, frontend 1.14.1; bench_cbr,
+(32,64,56,56)->64 fp16 and (64,128,28,28)->128 bf16), through the Python API, it took the GPU
+time of the training forward from 45.8 to 43.1 us and from 50.0 to 51.5 us (CUDA-graph replays,
+two runs of the bench), while an eager call took 0.21-0.24 ms of wall time (host-bound: the
+frontend's Python execute) against 0.05-0.11 ms without it: a small GPU gain paid for in host
+time, hence off by default. The C++ op (the same graph) has not been timed yet. A shape cuDNN has no engine for
 is remembered and runs the usual path; so does every call under torch.compile, a dispatch mode,
 or a CUDA-graph capture whose graph is not built yet (building synchronises). Graphs are built on
 first use of a shape (cuDNN compiles the kernel at run time) and kept for the process.
@@ -41,6 +44,16 @@ _why: dict[tuple, str] = {}  # shapes without an engine, and cuDNN's reason
 calls = 0  # forwards that ran this path (tests read it)
 
 
+def _cpp_available() -> bool:
+    try:
+        return bool(torch._C._dispatch_has_kernel_for_dispatch_key("cudadoctor_ops::cudnn_conv_stats", "CUDA"))
+    except Exception:  # noqa: BLE001 - op not defined in this build
+        return False
+
+
+_CPP = _cpp_available()  # the wheel's C++ op (csrc/cudnn_conv_stats.cpp) has a CUDA kernel
+
+
 class _Plan:
     __slots__ = ("graph", "X", "W", "Y", "SH", "S1", "S2", "workspace", "shifted")
 
@@ -61,9 +74,10 @@ def _load():
 
 def status() -> dict:
     """Whether the path is available, and the shapes cuDNN declined (with its reason)."""
-    fe = _load()
+    fe = None if _CPP else _load()
     return {
         "enabled": os.environ.get(ENV, "") == "1",
+        "backend": "c++" if _CPP else ("python" if fe is not None else None),
         "frontend": None if fe is None else getattr(fe, "__version__", "?"),
         "import_error": _import_error,
         "graphs": sum(1 for p in _plans.values() if p is not None),
@@ -92,7 +106,12 @@ def usable(input: Tensor, weight: Tensor, conv_bias: Optional[Tensor], groups: i
 
     if _get_current_dispatch_mode() is not None:
         return False
-    return _load() is not None
+    return _CPP or _load() is not None
+
+
+def available() -> bool:
+    """Whether a backend exists (the C++ op's kernel, or the frontend's Python API)."""
+    return _CPP or _load() is not None
 
 
 def _handle(fe, device: torch.device) -> int:
@@ -145,6 +164,19 @@ def conv_stats(input: Tensor, weight: Tensor, stride, padding, dilation,
     the sums are shifted), or None where this path does not run (the caller then runs the usual
     one). shift: a contiguous float32 [K] tensor (the running mean), or None."""
     global calls
+    if _CPP:
+        if not weight.is_contiguous(memory_format=torch.channels_last):
+            weight = weight.contiguous(memory_format=torch.channels_last)
+        # detached: the op has no autograd formula (the caller's autograd.Function owns the graph)
+        y, sums, state, why = torch.ops.cudadoctor_ops.cudnn_conv_stats(
+            input.detach(), weight.detach(), list(stride), list(padding), list(dilation), shift)
+        if state < 0:
+            key = (input.device.index, tuple(input.shape), tuple(weight.shape), tuple(stride), tuple(padding),
+                   tuple(dilation), input.dtype, shift is not None)
+            _why[key] = why
+            return None
+        calls += 1
+        return y, sums, bool(state)
     fe = _load()
     if fe is None:
         return None

@@ -609,13 +609,14 @@ def test_cudnn_stats_forward_matches_torch():
     training steps against Conv2d -> BatchNorm2d -> ReLU (momentum 0.1, 0.3, None, affine off,
     no running statistics), every gradient through the usual backward op. The path must run on
     every step of the 3x3 stride-1 case; shapes cuDNN declines fall back and still match."""
-    import importlib.util
+    from cudadoctor_ops import cudnn_stats
 
-    if importlib.util.find_spec("cudnn") is None:
-        pytest.skip("nvidia-cudnn-frontend is not installed (pip install nvidia-cudnn-frontend)")
+    if not cudnn_stats.available():
+        pytest.skip("no backend: the wheel was built without nvidia-cudnn-frontend's headers and the "
+                    "frontend's Python package is not installed (pip install nvidia-cudnn-frontend)")
     res = _run_cbr_child(_CUDNN_STATS_CHILD, "default", cudnn_stats=True)
     status = res.pop("_status")
-    assert status["frontend"] and status["calls"] > 0, status
+    assert status["backend"] and status["calls"] > 0, status
     assert len(res) == 12
     for key, r in res.items():
         dtype = torch.float16 if key.startswith("float16") else torch.bfloat16
@@ -653,9 +654,43 @@ def test_cudnn_stats_is_off_for_inputs_it_cannot_take(monkeypatch):
         monkeypatch.setenv(CUDNN_STATS_ENV, setting)
         assert not usable(xl, w)
     monkeypatch.setenv(CUDNN_STATS_ENV, "1")
-    import importlib.util
+    assert usable(xl, w) == cudnn_stats.available()
 
-    assert usable(xl, w) == (importlib.util.find_spec("cudnn") is not None)
+
+@gpu
+@pytest.mark.gpu
+def test_cudnn_conv_stats_op_matches_float64():
+    """The C++ op (in wheels built with nvidia-cudnn-frontend's headers): the convolution output
+    and the per-channel sums of (y - shift) and their squares against float64, shifted and plain;
+    a second call of a shape reuses its graph; bad inputs give clear errors."""
+    from cudadoctor_ops import cudnn_stats
+
+    if not cudnn_stats._CPP:
+        pytest.skip("this wheel was built without nvidia-cudnn-frontend's headers (no C++ op kernel)")
+    g = torch.Generator(device="cuda").manual_seed(3)
+    for dtype in (torch.float16, torch.bfloat16):
+        x = torch.randn(4, 16, 10, 12, device="cuda", generator=g).to(dtype).contiguous(
+            memory_format=torch.channels_last)
+        w = (0.2 * torch.randn(32, 16, 3, 3, device="cuda", generator=g)).to(dtype)
+        ref = F.conv2d(x.double(), w.double(), None, 1, 1)
+        for shift in (torch.randn(32, device="cuda", generator=g), None):
+            for _ in range(2):
+                y, sums, state, why = ops.cudnn_conv_stats(x, w, [1, 1], [1, 1], [1, 1], shift)
+                assert state >= 0, why
+                assert y.is_contiguous(memory_format=torch.channels_last) and y.shape == ref.shape
+                assert (y.double() - ref).abs().max().item() <= TOL[dtype] * ref.abs().max().item()
+                d = ref - (shift.double().view(1, -1, 1, 1) if state == 1 else 0.0)
+                s1, s2 = d.sum(dim=(0, 2, 3)), (d * d).sum(dim=(0, 2, 3))
+                # sums of the float32 epilogue over y before its rounding to 16 bits: within the
+                # output's rounding of the float64 reference
+                assert (sums[0].double() - s1).abs().max().item() <= TOL[dtype] * s2.sqrt().max().item() * 2
+                assert ((sums[1].double() - s2).abs() / s2).max().item() <= 2 * TOL[dtype]
+    with pytest.raises(RuntimeError, match="channels_last"):
+        ops.cudnn_conv_stats(x.contiguous(), w, [1, 1], [1, 1], [1, 1], None)
+    with pytest.raises(RuntimeError, match="float16 or both bfloat16"):
+        ops.cudnn_conv_stats(x.float(), w.float(), [1, 1], [1, 1], [1, 1], None)
+    with pytest.raises(RuntimeError, match="shift"):
+        ops.cudnn_conv_stats(x, w, [1, 1], [1, 1], [1, 1], torch.zeros(31, device="cuda"))
 
 
 @gpu
