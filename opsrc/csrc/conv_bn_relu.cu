@@ -40,12 +40,18 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
+#include <cooperative_groups.h>
+
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
+#include <type_traits>
 
 #include "batch_norm.h"
 #include "batch_norm_common.cuh"
+
+namespace cg = cooperative_groups;
 
 namespace cudadoctor_ops {
 namespace cbr {
@@ -857,19 +863,19 @@ __global__ void __launch_bounds__(kFinThreads)
 // the end of the full groups, or when the mask is not 4-byte aligned). S is a multiple of 32:
 // warps are wholly in or out, and the loop conditions around the shuffles are warp-uniform.
 // Thread 0 then does the partial group (numel % 8 elements, tail > 0) with its own coefficients.
-template <typename T, bool VEC>
-__global__ void __launch_bounds__(kThreads)
-    cbr_apply_nhwc_v2(const T* __restrict__ x, T* __restrict__ y, uint8_t* __restrict__ mask,
-                      const Coef4<typename Acc<T>::type>* __restrict__ coef, int nfull, int tail,
-                      int S, int C, bool mask_words) {
+// The body of cbr_apply_nhwc_v2 for thread gid < S, the coefficients of channel c from
+// coef_of(c) (a Coef4; c an int, or an int64_t for the partial group).
+template <typename T, bool VEC, typename CoefOf>
+__device__ __forceinline__ void apply_groups_nhwc(const T* __restrict__ x, T* __restrict__ y,
+                                                  uint8_t* __restrict__ mask, CoefOf&& coef_of,
+                                                  int gid, int nfull, int tail, int S, int C,
+                                                  bool mask_words) {
   using A = typename Acc<T>::type;
-  const int gid = blockIdx.x * kThreads + threadIdx.x;
-  if (gid >= S) return;
   const int lane = threadIdx.x & 31;
   A km[kGroup], ka[kGroup], kb[kGroup];
 #pragma unroll
   for (int i = 0; i < kGroup; ++i) {
-    const Coef4<A> k = coef[group_channel(gid, i, C)];
+    const Coef4<A> k = coef_of(group_channel(gid, i, C));
     km[i] = k.v[0];
     ka[i] = k.v[1];
     kb[i] = k.v[2];
@@ -937,13 +943,24 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t e0 = int64_t(nfull) * kGroup;
     unsigned byte = 0;
     for (int i = 0; i < tail; ++i) {
-      const Coef4<A> k = coef[(e0 + i) % C];
+      const Coef4<A> k = coef_of((e0 + i) % C);
       unsigned bit;
       y[e0 + i] = bn_relu3<T, A>(x[e0 + i], k.v[0], k.v[1], k.v[2], bit);
       byte |= bit << i;
     }
     mask[nfull] = static_cast<uint8_t>(byte);
   }
+}
+
+template <typename T, bool VEC>
+__global__ void __launch_bounds__(kThreads)
+    cbr_apply_nhwc_v2(const T* __restrict__ x, T* __restrict__ y, uint8_t* __restrict__ mask,
+                      const Coef4<typename Acc<T>::type>* __restrict__ coef, int nfull, int tail,
+                      int S, int C, bool mask_words) {
+  const int gid = blockIdx.x * kThreads + threadIdx.x;
+  if (gid >= S) return;
+  apply_groups_nhwc<T, VEC>(
+      x, y, mask, [&](auto c) { return coef[c]; }, gid, nfull, tail, S, C, mask_words);
 }
 
 // Backward sums of the full groups: sum g and sum g * (x - mean) with g = dy * mask, per
@@ -1648,6 +1665,85 @@ __global__ void cbr_finalize_sums(const float* __restrict__ sums, int64_t C, int
   }
 }
 
+// The arguments of cbr_apply_sums_nhwc: cbr_finalize_sums's.
+template <typename A>
+struct SumsArgs {
+  const float* sums;
+  int64_t C, count;
+  double eps;
+  const void* weight;
+  int wkind;
+  const void* bias;
+  int bkind;
+  void* rmean;
+  int mkind;
+  void* rvar;
+  int vkind;
+  int64_t* nbt;
+  double momentum;
+  bool shifted;
+  A* save_mean;
+  A* save_invstd;
+};
+
+// Channel c's batch mean and (biased) variance from the sums, as cbr_finalize_sums computes them
+// (the shift read from the running mean before this step's update).
+template <typename A>
+__device__ __forceinline__ void sums_mean_var(const SumsArgs<A>& a, int64_t c, A& mean, A& var) {
+  const A cnt = static_cast<A>(a.count);
+  const A shift = a.shifted ? bn::load_param<A>(a.rmean, a.mkind, c, A(0)) : A(0);
+  const A d = static_cast<A>(a.sums[c]) / cnt;
+  mean = shift + d;
+  var = static_cast<A>(a.sums[a.C + c]) / cnt - d * d;
+  if (var < A(0)) var = A(0);
+}
+
+// conv_bn_relu_apply_sums in one launch: cbr_finalize_sums's work folded into
+// cbr_apply_nhwc_v2. Every thread computes the coefficients of its own channels from the sums
+// (the same arithmetic, so the same bits; a few cached loads per channel against a launch of
+// its own); block 0 writes save_mean / save_invstd. With `update` (running statistics or
+// num_batches_tracked given) the kernel is a cooperative launch: after a grid barrier, when every
+// block has read the running mean (the shift), block 0 updates the running statistics and
+// num_batches_tracked as cbr_finalize_sums does.
+template <typename T, bool VEC>
+__global__ void __launch_bounds__(kThreads)
+    cbr_apply_sums_nhwc(const T* __restrict__ x, T* __restrict__ y, uint8_t* __restrict__ mask,
+                        SumsArgs<typename Acc<T>::type> a, int nfull, int tail, int S, int C,
+                        bool mask_words, bool update) {
+  using A = typename Acc<T>::type;
+  const int gid = blockIdx.x * kThreads + threadIdx.x;
+  const auto coef_of = [&](auto c) {
+    A mean, var;
+    sums_mean_var<A>(a, c, mean, var);
+    Coef4<A> k;
+    k.v[0] = mean;
+    k.v[1] = bn::load_param<A>(a.weight, a.wkind, c, A(1)) * bn::inv_sqrt(var + static_cast<A>(a.eps));
+    k.v[2] = bn::load_param<A>(a.bias, a.bkind, c, A(0));
+    k.v[3] = 0;
+    return k;
+  };
+  if (gid < S) apply_groups_nhwc<T, VEC>(x, y, mask, coef_of, gid, nfull, tail, S, C, mask_words);
+  if (blockIdx.x == 0) {
+    for (int64_t c = threadIdx.x; c < a.C; c += blockDim.x) {
+      A mean, var;
+      sums_mean_var<A>(a, c, mean, var);
+      a.save_mean[c] = mean;
+      a.save_invstd[c] = bn::inv_sqrt(var + static_cast<A>(a.eps));
+    }
+  }
+  if (!update) return;  // the same for every block
+  cg::this_grid().sync();
+  if (blockIdx.x != 0) return;
+  const A m = step_momentum<A>(a.nbt, a.momentum);
+  if (a.rmean == nullptr || a.rvar == nullptr) return;
+  const A cnt = static_cast<A>(a.count);
+  for (int64_t c = threadIdx.x; c < a.C; c += blockDim.x) {
+    A mean, var;
+    sums_mean_var<A>(a, c, mean, var);  // reads channel c's running mean before it is written
+    update_running<A>(a.rmean, a.mkind, a.rvar, a.vkind, c, m, mean, var * (cnt / (cnt - A(1))));
+  }
+}
+
 // What conv_bn_relu_update_stats does to the running statistics (undefined tensors: none; the
 // running statistics are used only when both are given).
 struct StatsUpdate {
@@ -1912,6 +2008,52 @@ void conv_bn_relu_update_stats_cuda(const std::optional<at::Tensor>& running_mea
   launch_stats_update(u, save_mean, save_invstd, eps, count);
 }
 
+// conv_bn_relu_apply_sums runs cbr_apply_sums_nhwc (one launch) unless
+// CUDADOCTOR_OPS_CBR_SUMS_FUSED=0 (read once): then cbr_finalize_sums and cbr_apply_nhwc_v2.
+bool sums_fused_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("CUDADOCTOR_OPS_CBR_SUMS_FUSED");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }();
+  return on;
+}
+
+// cbr_apply_sums_nhwc over conv_out l.x; false (nothing launched) where its cooperative launch
+// (running statistics or num_batches_tracked to update) cannot be resident at once.
+template <typename T>
+bool launch_apply_sums(const Layout& l, const at::Tensor& out, const at::Tensor& mask,
+                       const SumsArgs<float>& a) {
+  using A = typename Acc<T>::type;
+  static_assert(std::is_same<A, float>::value, "cbr_apply_sums_nhwc: float32 coefficients");
+  const int device = l.x.get_device();
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  const T* x = l.x.data_ptr<T>();
+  T* y = out.data_ptr<T>();
+  uint8_t* mp = mask.data_ptr<uint8_t>();
+  const int64_t numel = l.x.numel();
+  int C = static_cast<int>(l.C);
+  int nfull = static_cast<int>(numel / kGroup), tail = static_cast<int>(numel % kGroup);
+  const int64_t period = channel_period(l.C);
+  const bool vec = aligned16(x) && aligned16(y);
+  auto* kernel = vec ? &cbr_apply_sums_nhwc<T, true> : &cbr_apply_sums_nhwc<T, false>;
+  const int64_t align = std::lcm(period, int64_t(32));
+  // one wave of resident blocks at most (stream_blocks), as a cooperative launch needs
+  const FlatPlan ap = flat_plan(stream_blocks(nfull, bn::blocks_per_sm(kernel, 0), device), align);
+  int S = static_cast<int>(ap.S);
+  bool words = reinterpret_cast<uintptr_t>(mp) % 4 == 0;
+  bool update = a.nbt != nullptr || (a.rmean != nullptr && a.rvar != nullptr);
+  SumsArgs<A> args = a;
+  if (!update) {
+    kernel<<<ap.blocks, kThreads, 0, stream>>>(x, y, mp, args, nfull, tail, S, C, words, update);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return true;
+  }
+  if (!bn::cooperative_ok(device)) return false;
+  void* kargs[] = {&x, &y, &mp, &args, &nfull, &tail, &S, &C, &words, &update};
+  return bn::launch_cooperative(reinterpret_cast<const void*>(kernel), dim3(ap.blocks),
+                                dim3(kThreads), kargs, 0, stream);
+}
+
 // The training forward's BatchNorm + ReLU from statistics the convolution computed (see
 // cbr_finalize_sums): one single-block finalize + running-statistics update, then ONE pass of
 // cbr_apply_nhwc_v2 over the channels_last conv_out. -> (out, save_mean, save_invstd, mask), the
@@ -1956,10 +2098,39 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_bn_relu_apply_su
   at::Tensor save_mean = at::empty({C}, acc_opts);
   at::Tensor save_invstd = at::empty({C}, acc_opts);
   at::Tensor mask = at::empty({mask_bytes(l.x.numel())}, conv_out.options().dtype(at::kByte));
-  at::Tensor coef = at::empty({C * 4}, acc_opts);
   const at::Tensor w = bn::contig_param(bn_weight), b = bn::contig_param(bn_bias);
   const bool stats = u.rm.defined();
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(conv_out.get_device()).stream();
+  if (sums_fused_enabled()) {
+    SumsArgs<float> a;
+    a.sums = sums.data_ptr<float>();
+    a.C = C;
+    a.count = count;
+    a.eps = eps;
+    a.weight = bn::param_ptr(w);
+    a.wkind = bn::param_kind(w);
+    a.bias = bn::param_ptr(b);
+    a.bkind = bn::param_kind(b);
+    a.rmean = stats ? u.rm.data_ptr() : nullptr;
+    a.mkind = stats ? bn::param_kind(u.rm) : bn::kAbsent;
+    a.rvar = stats ? u.rv.data_ptr() : nullptr;
+    a.vkind = stats ? bn::param_kind(u.rv) : bn::kAbsent;
+    a.nbt = u.nbt.defined() ? u.nbt.data_ptr<int64_t>() : nullptr;
+    a.momentum = momentum;
+    a.shifted = shifted;
+    a.save_mean = save_mean.data_ptr<float>();
+    a.save_invstd = save_invstd.data_ptr<float>();
+    bool done = false;
+    if (st == at::kHalf) {
+      done = launch_apply_sums<c10::Half>(l, out, mask, a);
+    } else if (st == at::kBFloat16) {
+      done = launch_apply_sums<c10::BFloat16>(l, out, mask, a);
+    } else {
+      done = launch_apply_sums<float>(l, out, mask, a);
+    }
+    if (done) return {out, save_mean, save_invstd, mask};
+  }
+  at::Tensor coef = at::empty({C * 4}, acc_opts);
   auto* cp = reinterpret_cast<Coef4<float>*>(coef.data_ptr<float>());
   cbr_finalize_sums<float><<<1, 1024, 0, stream>>>(
       sums.data_ptr<float>(), C, count, eps, bn::param_ptr(w), bn::param_kind(w),

@@ -593,7 +593,7 @@ def test_nhwc_tile_forward_matches_torch(tile):
 
 _CUDNN_STATS_CHILD = _CBR_TILE_CHILD.replace(
     'lambda names: "bn_tile_nhwc" in names)',
-    'lambda names: "cbr_finalize_sums" in names)',
+    'lambda names: "cbr_apply_sums_nhwc" in names or "cbr_finalize_sums" in names)',
 ).replace(
     "print(json.dumps(out))",
     "from cudadoctor_ops import cudnn_stats\nout['_status'] = cudnn_stats.status()\nprint(json.dumps(out))",
@@ -724,6 +724,64 @@ def test_apply_sums_op_checks_its_arguments():
     n = y.numel() // 16
     assert _rel_err(rm, 0.1 * ref_mean) <= 1e-4
     assert _rel_err(rv, 0.9 + 0.1 * ref_var * n / (n - 1)) <= 1e-4
+
+
+_APPLY_SUMS_CHILD = r"""
+import sys
+
+import torch
+
+import cudadoctor_ops  # noqa: F401
+
+ops = torch.ops.cudadoctor_ops
+g = torch.Generator(device="cuda").manual_seed(5)
+res = {}
+# (N, C, H, W), dtype, shifted, running statistics, num_batches_tracked, momentum
+cases = [((4, 16, 6, 6), torch.float16, False, True, False, 0.1),
+         ((4, 16, 6, 6), torch.bfloat16, True, True, True, -1.0),  # momentum=None: 1 / (nbt + 1)
+         ((3, 12, 5, 7), torch.float16, True, True, True, 0.3),  # numel % 8 == 4: the partial group
+         ((2, 24, 9, 9), torch.float32, False, False, False, 0.1),  # no update: a plain launch
+         ((8, 64, 28, 28), torch.float16, True, True, False, 0.1)]
+for i, (shape, dtype, shifted, stats, tracked, momentum) in enumerate(cases):
+    y = (3 + torch.randn(shape, device="cuda", generator=g)).to(dtype).contiguous(memory_format=torch.channels_last)
+    c = shape[1]
+    rm = torch.randn(c, device="cuda", generator=g) if stats else None
+    rv = (torch.rand(c, device="cuda", generator=g) + 0.5) if stats else None
+    nbt = torch.tensor([3], device="cuda") if tracked else None
+    shift = rm.double()[None, :, None, None] if shifted else 0.0
+    d = y.double() - shift
+    sums = torch.stack([d.sum((0, 2, 3)), (d * d).sum((0, 2, 3))]).float().contiguous()
+    w = torch.rand(c, device="cuda", generator=g) + 0.5
+    b = torch.randn(c, device="cuda", generator=g)
+    out = ops.conv_bn_relu_apply_sums(y, sums, w, b, rm, rv, nbt, momentum, 1e-5, shifted)
+    res[i] = [t.cpu() for t in out] + [t.cpu() for t in (rm, rv, nbt) if t is not None]
+torch.save(res, sys.argv[1])
+"""
+
+
+@gpu
+@pytest.mark.gpu
+def test_apply_sums_one_launch_matches_two_kernels(tmp_path):
+    """conv_bn_relu_apply_sums in one launch (cbr_apply_sums_nhwc: the coefficients computed in
+    every thread, the running statistics updated by block 0 after a grid barrier) gives the bits
+    of the finalize + apply pair (CUDADOCTOR_OPS_CBR_SUMS_FUSED=0): out, save_mean, save_invstd,
+    mask, running statistics and num_batches_tracked, shifted and plain sums, momentum None, a
+    partial 8-element group, no update (a plain launch)."""
+    outs = {}
+    for setting in ("1", "0"):
+        env = dict(os.environ)
+        env["CUDADOCTOR_OPS_CBR_SUMS_FUSED"] = setting
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(pathlib.Path(cudadoctor_ops.__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
+        path = tmp_path / f"fused{setting}.pt"
+        proc = subprocess.run([sys.executable, "-c", _APPLY_SUMS_CHILD, str(path)], env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+        outs[setting] = torch.load(path)
+    assert outs["1"].keys() == outs["0"].keys() and len(outs["1"]) == 5
+    for case, fused in outs["1"].items():
+        for k, (a, b) in enumerate(zip(fused, outs["0"][case])):
+            assert torch.equal(a, b), f"case {case}, result {k}: one launch and two kernels differ"
 
 
 _CBR_NCHW_CHILD = """
