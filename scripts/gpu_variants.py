@@ -16,6 +16,10 @@
          (one warp per channel in the finalize)
     cbr  Conv+BN+ReLU training forward and fwd+bwd, channels_last 16-bit (CUDADOCTOR_OPS_BN_NHWC_TILE_WIDE=0,
          _STASH=0, CUDADOCTOR_OPS_CBR_TILE=0)
+    cbrs the same on the bench's fp16 and bf16 blocks, eager, CUDA-graph replay and host time per
+         call, with the batch statistics from cuDNN's convolution epilogue
+         (CUDADOCTOR_OPS_CBR_CUDNN_STATS=1; with CUDADOCTOR_OPS_CBR_SUMS_FUSED=0 the finalize +
+         apply pair); the row names say which backend (c++ / python) ran and how often
     dw   depthwise channels_last forward (CUDADOCTOR_OPS_DW_V4*, against impl=nhwc_v3 and v2)
     dwb  depthwise channels_last backward dX + dW (CUDADOCTOR_OPS_DW_WGRAD_SMEM=0 / 1; CUDADOCTOR_OPS_DW_WGRAD_V1 /
          _DGRAD_V1 / _V4)
@@ -57,6 +61,8 @@ CBR_CASES = [((32, 64, 56, 56), 64, "float16"), ((64, 128, 28, 28), 128, "bfloat
              ((64, 512, 7, 7), 512, "bfloat16")]
 CBR_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_NHWC_TILE_WIDE": "0"}, {"CUDADOCTOR_OPS_BN_NHWC_TILE_STASH": "0"},
                 {"CUDADOCTOR_OPS_CBR_TILE": "0"}]
+CBRS_SETTINGS = [{}, {"CUDADOCTOR_OPS_CBR_CUDNN_STATS": "1"},
+                 {"CUDADOCTOR_OPS_CBR_CUDNN_STATS": "1", "CUDADOCTOR_OPS_CBR_SUMS_FUSED": "0"}]
 DW_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_V4_CFG": "3"}]
 DWN_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_V2_SPLIT": "1"}, {"CUDADOCTOR_OPS_DW_V2_SPLIT": "1", "CUDADOCTOR_OPS_DW_V2_ROWS": "2"},
                 {"CUDADOCTOR_OPS_DW_V2_ROWS": "2"}, {"CUDADOCTOR_OPS_DW_V2_COLV": "0"}]
@@ -157,6 +163,37 @@ def _child(part: str) -> None:
 
             out.append([f"cbr fwd+bwd {shape}->{k} {dts} nhwc", timer(fb(fused)), timer(fb(ref)),
                         e < 2e-2])
+    elif part == "cbrs":
+        from cudadoctor_ops import cudnn_stats
+        from cudadoctor_ops.bench_cbr import graph_ms
+        from gpu_profile import host_us  # scripts/ is sys.path[0] when run as a script
+
+        for shape, k, dts in CBR_CASES[:2]:
+            dt = getattr(torch, dts)
+            torch.manual_seed(0)
+            ref = torch.nn.Sequential(torch.nn.Conv2d(shape[1], k, 3, padding=1, bias=False),
+                                      torch.nn.BatchNorm2d(k), torch.nn.ReLU()).cuda()
+            ref = ref.to(dt).to(memory_format=torch.channels_last)
+            fused = cudadoctor_ops.fuse_conv_bn_relu(
+                torch.nn.Sequential(*[m for m in __import__("copy").deepcopy(ref)]))
+            x = torch.randn(shape, device="cuda", dtype=dt).to(memory_format=torch.channels_last)
+            xg = x.clone().requires_grad_()
+            e = err(fused(x), ref(x))
+            g = torch.randn_like(ref(x))
+            before = cudnn_stats.calls
+            fwd_o, fwd_r = (lambda: fused(x)), (lambda: ref(x))
+            fb_o, fb_r = (lambda: fused(xg).backward(g)), (lambda: ref(xg).backward(g))
+            rows = [("train fwd", fwd_o, fwd_r), ("fwd+bwd", fb_o, fb_r)]
+            for kind, o, r in rows:
+                name = f"cbr {kind} {shape}->{k} {dts} nhwc"
+                out.append([name, timer(o), timer(r), e < 2e-2])
+                out.append([name + " (graph)", graph_ms(timer, o) or float("nan"),
+                            graph_ms(timer, r) or float("nan"), e < 2e-2])
+                out.append([name + " (host)", host_us(o) / 1e3, host_us(r) / 1e3, e < 2e-2])
+            st = cudnn_stats.status()
+            out.append([f"cbr {shape}->{k} {dts}: cudnn_stats backend {st['backend']}, "
+                        f"{st['calls'] - before} calls, declined {len(st['declined'])}", float("nan"),
+                        float("nan"), True])
     elif part == "dwn":
         from cudadoctor_ops.bench_cbr import graph_ms
 
@@ -241,7 +278,7 @@ def main(argv: list[str]) -> int:
     parts = argv or ["bn", "cbr", "dw", "dwb"]
     for part in parts:
         settings = {"bn": BN_SETTINGS, "bnf": BNF_SETTINGS, "bns": BNS_SETTINGS, "bnp": BNP_SETTINGS, "bnnr": BNNR_SETTINGS,
-                    "cbr": CBR_SETTINGS,
+                    "cbr": CBR_SETTINGS, "cbrs": CBRS_SETTINGS,
                     "dw": DW_SETTINGS, "dwn": DWN_SETTINGS,
                     "dwb": DWB_SETTINGS, "dww": DWW_SETTINGS}[part]
         results = [(_label(env), _run(part, env)) for env in settings]
