@@ -446,6 +446,32 @@ struct V2Div {
   int dr, dq;                          // (BX * BY) / nch and (BX * BY) % nch
 };
 
+// COLV helpers (see fwd_nchw_v2): a thread's input window of one staged tile row, the NV
+// 16-byte words at p (16-byte aligned) as 4 * NV floats; and its 4 consecutive outputs of one row
+// at o (output column ox of Wo): one 16-byte store where all four are inside the row and o is
+// aligned, else one store per column inside the row.
+template <int NV>
+__device__ __forceinline__ void colv_window(const float* p, float (&v)[4 * NV]) {
+#pragma unroll
+  for (int m = 0; m < NV; ++m) {
+    const float4 q = *reinterpret_cast<const float4*>(p + 4 * m);
+    v[4 * m] = q.x;
+    v[4 * m + 1] = q.y;
+    v[4 * m + 2] = q.z;
+    v[4 * m + 3] = q.w;
+  }
+}
+
+__device__ __forceinline__ void colv_store(float* o, int ox, int Wo, const float (&acc)[4]) {
+  if (ox + 3 < Wo && (reinterpret_cast<uintptr_t>(o) & 15u) == 0) {
+    *reinterpret_cast<float4*>(o) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (ox + j < Wo) o[j] = acc[j];
+  }
+}
+
 // LEAN (with ASYNC, float32 only; CUDADOCTOR_OPS_DW_V2_LEAN=1, launched where the plane has fewer
 // than 2^31 elements): fewer instructions before the tile lands. The filter taps load from one
 // base at constant offsets and are reversed in registers for `flip` (instead of an address per
@@ -576,14 +602,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int kh = 0; kh < K; ++kh) {
         float v[4 * NV];
-#pragma unroll
-        for (int m = 0; m < NV; ++m) {
-          const float4 q = *reinterpret_cast<const float4*>(sq + kh * SP + 4 * m);
-          v[4 * m] = q.x;
-          v[4 * m + 1] = q.y;
-          v[4 * m + 2] = q.z;
-          v[4 * m + 3] = q.w;
-        }
+        colv_window<NV>(sq + kh * SP, v);
 #pragma unroll
         for (int j = 0; j < RW; ++j) {
 #pragma unroll
@@ -591,16 +610,7 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
       const int oy = oy0 + lr;
-      if (oy < Ho) {
-        T* o = op + static_cast<int64_t>(oy) * Wo + oxs;
-        if (oxs + 3 < Wo && (reinterpret_cast<uintptr_t>(o) & 15u) == 0) {
-          *reinterpret_cast<float4*>(o) = make_float4(acc[0], acc[1], acc[2], acc[3]);
-        } else {
-#pragma unroll
-          for (int j = 0; j < RW; ++j)
-            if (oxs + j < Wo) o[j] = acc[j];
-        }
-      }
+      if (oy < Ho) colv_store(op + static_cast<int64_t>(oy) * Wo + oxs, oxs, Wo, acc);
     };
     cp_async_wait_group<1>();  // this thread's top-half copies; the barrier publishes all
     __syncthreads();
@@ -766,14 +776,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int ir = 0; ir < R - 1 + K; ++ir) {
       float v[4 * NV];
-#pragma unroll
-      for (int m = 0; m < NV; ++m) {
-        const float4 q = *reinterpret_cast<const float4*>(sq + ir * SP + 4 * m);
-        v[4 * m] = q.x;
-        v[4 * m + 1] = q.y;
-        v[4 * m + 2] = q.z;
-        v[4 * m + 3] = q.w;
-      }
+      colv_window<NV>(sq + ir * SP, v);
 #pragma unroll
       for (int j = 0; j < RW; ++j) {
 #pragma unroll
@@ -793,16 +796,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const int oy = oyb + r;
-      if (oy < Ho) {
-        T* o = op + static_cast<int64_t>(oy) * Wo + oxs;
-        if (oxs + 3 < Wo && (reinterpret_cast<uintptr_t>(o) & 15u) == 0) {
-          *reinterpret_cast<float4*>(o) = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
-        } else {
-#pragma unroll
-          for (int j = 0; j < RW; ++j)
-            if (oxs + j < Wo) o[j] = acc[r][j];
-        }
-      }
+      if (oy < Ho) colv_store(op + static_cast<int64_t>(oy) * Wo + oxs, oxs, Wo, acc[r]);
     }
     return;
   }
