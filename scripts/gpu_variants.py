@@ -75,6 +75,30 @@ DWW_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "0"}, {"CUDADOCTOR_OPS_DW_W
                 {"CUDADOCTOR_OPS_DW_WGRAD_PF": "2"}]
 
 
+def _cbr_blocks(cases, err):
+    """Per (shape, C_out, dtype): a channels_last Conv3x3 -> BatchNorm2d -> ReLU block in training
+    mode, its fused copy (fuse_conv_bn_relu), an input, the same input requiring grad, an output
+    gradient and the fused block's error against the block."""
+    import copy
+
+    import torch
+
+    import cudadoctor_ops
+
+    for shape, k, dts in cases:
+        dt = getattr(torch, dts)
+        torch.manual_seed(0)
+        ref = torch.nn.Sequential(torch.nn.Conv2d(shape[1], k, 3, padding=1, bias=False),
+                                  torch.nn.BatchNorm2d(k), torch.nn.ReLU()).cuda()
+        ref = ref.to(dt).to(memory_format=torch.channels_last)
+        fused = cudadoctor_ops.fuse_conv_bn_relu(torch.nn.Sequential(*[m for m in copy.deepcopy(ref)]))
+        x = torch.randn(shape, device="cuda", dtype=dt).to(memory_format=torch.channels_last)
+        xg = x.clone().requires_grad_()
+        e = err(fused(x), ref(x))
+        g = torch.randn_like(ref(x))
+        yield shape, k, dts, fused, ref, x, xg, g, e
+
+
 def _child(part: str) -> None:
     import torch
     import torch.nn.functional as F
@@ -143,20 +167,9 @@ def _child(part: str) -> None:
             del x, xg, gy, yo, yt
             torch.cuda.empty_cache()
     elif part == "cbr":
-        for shape, k, dts in CBR_CASES:
-            dt = getattr(torch, dts)
-            torch.manual_seed(0)
-            ref = torch.nn.Sequential(torch.nn.Conv2d(shape[1], k, 3, padding=1, bias=False),
-                                      torch.nn.BatchNorm2d(k), torch.nn.ReLU()).cuda()
-            ref = ref.to(dt).to(memory_format=torch.channels_last)
-            fused = cudadoctor_ops.fuse_conv_bn_relu(
-                torch.nn.Sequential(*[m for m in __import__("copy").deepcopy(ref)]))
-            x = torch.randn(shape, device="cuda", dtype=dt).to(memory_format=torch.channels_last)
-            xg = x.clone().requires_grad_()
-            e = err(fused(x), ref(x))
+        for shape, k, dts, fused, ref, x, xg, g, e in _cbr_blocks(CBR_CASES, err):
             out.append([f"cbr train fwd {shape}->{k} {dts} nhwc", timer(lambda: fused(x)),
                         timer(lambda: ref(x)), e < 2e-2])
-            g = torch.randn_like(ref(x))
 
             def fb(m):
                 return lambda: m(xg).backward(g)
@@ -168,19 +181,8 @@ def _child(part: str) -> None:
         from cudadoctor_ops.bench_cbr import graph_ms
         from gpu_profile import host_us  # scripts/ is sys.path[0] when run as a script
 
-        for shape, k, dts in CBR_CASES[:2]:
-            dt = getattr(torch, dts)
-            torch.manual_seed(0)
-            ref = torch.nn.Sequential(torch.nn.Conv2d(shape[1], k, 3, padding=1, bias=False),
-                                      torch.nn.BatchNorm2d(k), torch.nn.ReLU()).cuda()
-            ref = ref.to(dt).to(memory_format=torch.channels_last)
-            fused = cudadoctor_ops.fuse_conv_bn_relu(
-                torch.nn.Sequential(*[m for m in __import__("copy").deepcopy(ref)]))
-            x = torch.randn(shape, device="cuda", dtype=dt).to(memory_format=torch.channels_last)
-            xg = x.clone().requires_grad_()
-            e = err(fused(x), ref(x))
-            g = torch.randn_like(ref(x))
-            before = cudnn_stats.calls
+        before = cudnn_stats.calls
+        for shape, k, dts, fused, ref, x, xg, g, e in _cbr_blocks(CBR_CASES[:2], err):
             fwd_o, fwd_r = (lambda: fused(x)), (lambda: ref(x))
             fb_o, fb_r = (lambda: fused(xg).backward(g)), (lambda: ref(xg).backward(g))
             rows = [("train fwd", fwd_o, fwd_r), ("fwd+bwd", fb_o, fb_r)]
@@ -191,9 +193,10 @@ def _child(part: str) -> None:
                             graph_ms(timer, r) or float("nan"), e < 2e-2])
                 out.append([name + " (host)", host_us(o) / 1e3, host_us(r) / 1e3, e < 2e-2])
             st = cudnn_stats.status()
-            out.append([f"cbr {shape}->{k} {dts}: cudnn_stats backend {st['backend']}, "
-                        f"{st['calls'] - before} calls, declined {len(st['declined'])}", float("nan"),
-                        float("nan"), True])
+            # a note row: the setting's backend and how often the path ran (printed per setting)
+            out.append([f"cbr {shape}->{k} {dts} cudnn_stats", float("nan"), float("nan"), True,
+                        f"backend {st['backend']}, {st['calls'] - before} calls so far, "
+                        f"{len(st['declined'])} shapes declined"])
     elif part == "dwn":
         from cudadoctor_ops.bench_cbr import graph_ms
 
@@ -302,6 +305,8 @@ def main(argv: list[str]) -> int:
                         cells.append(f"v3 {row[3]*1e3:.1f}{'' if row[4] else '!'} ({t/row[3]:.2f}x) "
                                      f"v2 {row[5]*1e3:.1f}{'' if row[6] else '!'} ({t/row[5]:.2f}x) "
                                      f"torch {t*1e3:.1f}")
+                elif len(row) > 4:  # a note row
+                    cells.append(f"{lab}: {row[4]}")
                 else:
                     cells.append(f"{lab}: {row[1]*1e3:.1f}{'' if row[3] else '!'} us "
                                  f"({row[2]/row[1]:.2f}x of torch {row[2]*1e3:.1f})")
