@@ -108,7 +108,7 @@ bool launch_fwd_nhwc_v3(DType dt, const void* in, const void* w, const void* bia
 // fast set, a padded plane (H, W plus a kernel extent each side, times C) of
 // 2^31 or more elements (32-bit offsets inside an image), or a grid over the
 // launch limit. Block shape and outputs per thread come from
-// CUDADOCTOR_OPS_DW_V4_CFG=0|1|2 (read once; see the file).
+// CUDADOCTOR_OPS_DW_V4_CFG=0..4 (read once; see the file).
 bool launch_fwd_nhwc_v4(DType dt, const void* in, const void* w, const void* bias,
                         void* out, const FastShape& s, bool flip,
                         cudaStream_t stream);
