@@ -44,7 +44,6 @@
 
 #include <atomic>
 #include <cstdlib>
-#include <cstring>
 #include <numeric>
 #include <type_traits>
 
@@ -1491,25 +1490,47 @@ int64_t stream_blocks(int64_t ngroups, int per_sm, int device) {
   return b;
 }
 
+// The arguments and grid of an apply pass over the channels_last conv_out l.x into out and the
+// mask (cbr_apply_nhwc_v2, cbr_apply_sums_nhwc): 8-element groups, at most one wave of resident
+// blocks of the kernel (stream_blocks), a grid stride that is a multiple of the channel period
+// and of 32 (flat_plan).
+template <typename T>
+struct ApplyPass {
+  int device;
+  cudaStream_t stream;
+  const T* x;
+  T* y;
+  uint8_t* mask;
+  int C, nfull, tail;
+  bool vec;         // x and y 16-byte aligned
+  bool mask_words;  // mask 4-byte aligned
+  ApplyPass(const Layout& l, const at::Tensor& out, const at::Tensor& m)
+      : device(l.x.get_device()),
+        stream(c10::cuda::getCurrentCUDAStream(device).stream()),
+        x(l.x.data_ptr<T>()),
+        y(out.data_ptr<T>()),
+        mask(m.data_ptr<uint8_t>()),
+        C(static_cast<int>(l.C)),
+        nfull(static_cast<int>(l.x.numel() / kGroup)),
+        tail(static_cast<int>(l.x.numel() % kGroup)),
+        vec(aligned16(x) && aligned16(y)),
+        mask_words(reinterpret_cast<uintptr_t>(mask) % 4 == 0) {}
+  template <typename Kernel>
+  FlatPlan plan(Kernel kernel) const {
+    const int64_t align = std::lcm(channel_period(C), int64_t(32));
+    return flat_plan(stream_blocks(nfull, bn::blocks_per_sm(kernel, 0), device), align);
+  }
+};
+
 // cbr_apply_nhwc_v2 over conv_out l.x: out and the mask from the per-channel coefficients.
 template <typename T>
 void launch_apply_v2(const Layout& l, const at::Tensor& out, const at::Tensor& mask,
                      const Coef4<typename Acc<T>::type>* cp) {
-  const int device = l.x.get_device();
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
-  const T* x = l.x.data_ptr<T>();
-  T* y = out.data_ptr<T>();
-  uint8_t* mp = mask.data_ptr<uint8_t>();
-  const int64_t numel = l.x.numel();
-  const int C = static_cast<int>(l.C);
-  const int nfull = static_cast<int>(numel / kGroup), tail = static_cast<int>(numel % kGroup);
-  const int64_t period = channel_period(l.C);
-  const bool vec = aligned16(x) && aligned16(y);
-  auto* apply = vec ? &cbr_apply_nhwc_v2<T, true> : &cbr_apply_nhwc_v2<T, false>;
-  const int64_t align = std::lcm(period, int64_t(32));
-  const FlatPlan ap = flat_plan(stream_blocks(nfull, bn::blocks_per_sm(apply, 0), device), align);
-  apply<<<ap.blocks, kThreads, 0, stream>>>(x, y, mp, cp, nfull, tail, static_cast<int>(ap.S), C,
-                                            reinterpret_cast<uintptr_t>(mp) % 4 == 0);
+  const ApplyPass<T> p(l, out, mask);
+  auto* apply = p.vec ? &cbr_apply_nhwc_v2<T, true> : &cbr_apply_nhwc_v2<T, false>;
+  const FlatPlan ap = p.plan(apply);
+  apply<<<ap.blocks, kThreads, 0, p.stream>>>(p.x, p.y, p.mask, cp, p.nfull, p.tail,
+                                              static_cast<int>(ap.S), p.C, p.mask_words);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -2011,10 +2032,7 @@ void conv_bn_relu_update_stats_cuda(const std::optional<at::Tensor>& running_mea
 // conv_bn_relu_apply_sums runs cbr_apply_sums_nhwc (one launch) unless
 // CUDADOCTOR_OPS_CBR_SUMS_FUSED=0 (read once): then cbr_finalize_sums and cbr_apply_nhwc_v2.
 bool sums_fused_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("CUDADOCTOR_OPS_CBR_SUMS_FUSED");
-    return e == nullptr || std::strcmp(e, "0") != 0;
-  }();
+  static const bool on = env_switch("CUDADOCTOR_OPS_CBR_SUMS_FUSED") != 0;
   return on;
 }
 
@@ -2025,33 +2043,23 @@ bool launch_apply_sums(const Layout& l, const at::Tensor& out, const at::Tensor&
                        const SumsArgs<float>& a) {
   using A = typename Acc<T>::type;
   static_assert(std::is_same<A, float>::value, "cbr_apply_sums_nhwc: float32 coefficients");
-  const int device = l.x.get_device();
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
-  const T* x = l.x.data_ptr<T>();
-  T* y = out.data_ptr<T>();
-  uint8_t* mp = mask.data_ptr<uint8_t>();
-  const int64_t numel = l.x.numel();
-  int C = static_cast<int>(l.C);
-  int nfull = static_cast<int>(numel / kGroup), tail = static_cast<int>(numel % kGroup);
-  const int64_t period = channel_period(l.C);
-  const bool vec = aligned16(x) && aligned16(y);
-  auto* kernel = vec ? &cbr_apply_sums_nhwc<T, true> : &cbr_apply_sums_nhwc<T, false>;
-  const int64_t align = std::lcm(period, int64_t(32));
-  // one wave of resident blocks at most (stream_blocks), as a cooperative launch needs
-  const FlatPlan ap = flat_plan(stream_blocks(nfull, bn::blocks_per_sm(kernel, 0), device), align);
+  ApplyPass<T> p(l, out, mask);  // not const: the cooperative launch takes its fields' addresses
+  auto* kernel = p.vec ? &cbr_apply_sums_nhwc<T, true> : &cbr_apply_sums_nhwc<T, false>;
+  // at most one wave of resident blocks, as a cooperative launch needs
+  const FlatPlan ap = p.plan(kernel);
   int S = static_cast<int>(ap.S);
-  bool words = reinterpret_cast<uintptr_t>(mp) % 4 == 0;
   bool update = a.nbt != nullptr || (a.rmean != nullptr && a.rvar != nullptr);
   SumsArgs<A> args = a;
   if (!update) {
-    kernel<<<ap.blocks, kThreads, 0, stream>>>(x, y, mp, args, nfull, tail, S, C, words, update);
+    kernel<<<ap.blocks, kThreads, 0, p.stream>>>(p.x, p.y, p.mask, args, p.nfull, p.tail, S, p.C,
+                                                 p.mask_words, update);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return true;
   }
-  if (!bn::cooperative_ok(device)) return false;
-  void* kargs[] = {&x, &y, &mp, &args, &nfull, &tail, &S, &C, &words, &update};
+  if (!bn::cooperative_ok(p.device)) return false;
+  void* kargs[] = {&p.x, &p.y, &p.mask, &args, &p.nfull, &p.tail, &S, &p.C, &p.mask_words, &update};
   return bn::launch_cooperative(reinterpret_cast<const void*>(kernel), dim3(ap.blocks),
-                                dim3(kThreads), kargs, 0, stream);
+                                dim3(kThreads), kargs, 0, p.stream);
 }
 
 // The training forward's BatchNorm + ReLU from statistics the convolution computed (see

@@ -564,32 +564,37 @@ __global__ void __launch_bounds__(kThreads)
   };
   if constexpr (K <= 3) load_filter();
 
+  // The cp.async staging (ASYNC, aligned float32 rows): chunks i0 .. i1 - 1 of the tile (chunk
+  // i = tile row * NCH + chunk of the row) copied to shared memory as they are, zeros where a
+  // chunk lies outside the image, then one commit: every chunk of the thread in flight at once,
+  // no registers held. (The register path below issues U loads per round but ptxas (sm_90, 32
+  // registers) stores each chunk before it issues the next load: one DRAM round trip per chunk.)
+  const auto stage_async = [&](int i0, int i1) {
+    const int first = i0 + tid;
+    int r = static_cast<int>(fdiv(first, dv.nch));
+    int q = first - r * NCH;
+    for (int i = first; i < i1; i += nthr) {
+      const int iy = iy0 + r;
+      const int ix = a0 + q * VE;
+      const bool ok = iy >= 0 && iy < H && ix >= 0 && ix < W;
+      const T* src = ok ? ip + static_cast<int64_t>(iy) * W + ix : ip;
+      cp_async16_zfill(reinterpret_cast<uint4*>(tile) + i, src, ok);
+      q += dv.dq;
+      r += dv.dr;
+      if (q >= NCH) {
+        q -= NCH;
+        ++r;
+      }
+    }
+    cp_async_commit();
+  };
+
   if constexpr (SPLIT) {
     static_assert(COLV >= 0 && R == 2 && ASYNC, "SPLIT: the COLV kernel with 2 rows per thread");
     constexpr int NV = (COLV + RW + K - 1 + 3) / 4;  // 16-byte loads per tile row (see COLV)
-    // chunks i0 .. i1 - 1 of the staged tile (i = row * NCH + chunk), as the ASYNC path stages them
-    const auto stage = [&](int i0, int i1) {
-      const int first = i0 + tid;
-      int r = static_cast<int>(fdiv(static_cast<unsigned>(first), dv.nch));
-      int q = first - r * NCH;
-      for (int i = first; i < i1; i += nthr) {
-        const int iy = iy0 + r;
-        const int ix = a0 + q * VE;
-        const bool ok = iy >= 0 && iy < H && ix >= 0 && ix < W;
-        const T* src = ok ? ip + static_cast<int64_t>(iy) * W + ix : ip;
-        cp_async16_zfill(reinterpret_cast<uint4*>(tile) + i, src, ok);
-        q += dv.dq;
-        r += dv.dr;
-        if (q >= NCH) {
-          q -= NCH;
-          ++r;
-        }
-      }
-      cp_async_commit();
-    };
     const int top_rows = min(IH, BY + K - 1);
-    stage(0, top_rows * NCH);
-    stage(top_rows * NCH, IH * NCH);
+    stage_async(0, top_rows * NCH);
+    stage_async(top_rows * NCH, IH * NCH);
     if constexpr (K > 3) load_filter();
     T* op = out + plane * static_cast<int64_t>(Ho) * Wo;
     const int oxs = ox0 + 4 * threadIdx.x;
@@ -661,29 +666,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   } else if constexpr (ASYNC && std::is_same<T, float>::value) {
     if (vec) {
-      // float32 chunks go to shared memory as they are: every chunk of the thread in flight at
-      // once as cp.async copies (zeros where the chunk lies outside the image), no registers
-      // held. The register path below issues U loads per round but ptxas (sm_90, 32 registers)
-      // stores each chunk before it issues the next load: one DRAM round trip per chunk.
-      const int total = IH * NCH;
-      const int dr = dv.dr;
-      const int dq = dv.dq;
-      int r = static_cast<int>(fdiv(tid, dv.nch));
-      int q = tid - r * NCH;
-      for (int i = tid; i < total; i += nthr) {
-        const int iy = iy0 + r;
-        const int ix = a0 + q * VE;
-        const bool ok = iy >= 0 && iy < H && ix >= 0 && ix < W;
-        const T* src = ok ? ip + static_cast<int64_t>(iy) * W + ix : ip;
-        cp_async16_zfill(reinterpret_cast<uint4*>(tile) + i, src, ok);
-        q += dq;
-        r += dr;
-        if (q >= NCH) {
-          q -= NCH;
-          ++r;
-        }
-      }
-      cp_async_commit();  // waited for below, after the 5x5 / 7x7 filter loads
+      stage_async(0, IH * NCH);  // waited for below, after the 5x5 / 7x7 filter loads
       staged = true;
     }
   }
@@ -1036,22 +1019,24 @@ void launch_nchw_v2(const void* in, const void* w, const void* bias, void* out,
             static_cast<const T*>(in), static_cast<const T*>(w), static_cast<const T*>(bias),
             static_cast<T*>(out), s.H, s.W, s.Ho, s.Wo, s.PH, s.PW, dv, SP, vec, flip);
       };
+      // the COLV (SPLIT when `split` is std::true_type) kernel of this window offset
+      const auto by_offset = [&](auto split) {
+        constexpr bool SP = decltype(split)::value;
+        switch (off) {
+          case 0: args(fwd_nchw_v2<T, K, S, R, RW, true, false, 0, SP>); return;
+          case 1: args(fwd_nchw_v2<T, K, S, R, RW, true, false, 1, SP>); return;
+          case 2: args(fwd_nchw_v2<T, K, S, R, RW, true, false, 2, SP>); return;
+          default: args(fwd_nchw_v2<T, K, S, R, RW, true, false, 3, SP>); return;
+        }
+      };
       if constexpr (R == 2) {
         if (nchw_v2_split_enabled()) {
-          switch (off) {
-            case 0: args(fwd_nchw_v2<T, K, S, R, RW, true, false, 0, true>); return;
-            case 1: args(fwd_nchw_v2<T, K, S, R, RW, true, false, 1, true>); return;
-            case 2: args(fwd_nchw_v2<T, K, S, R, RW, true, false, 2, true>); return;
-            default: args(fwd_nchw_v2<T, K, S, R, RW, true, false, 3, true>); return;
-          }
+          by_offset(std::true_type{});
+          return;
         }
       }
-      switch (off) {
-        case 0: args(fwd_nchw_v2<T, K, S, R, RW, true, false, 0>); return;
-        case 1: args(fwd_nchw_v2<T, K, S, R, RW, true, false, 1>); return;
-        case 2: args(fwd_nchw_v2<T, K, S, R, RW, true, false, 2>); return;
-        default: args(fwd_nchw_v2<T, K, S, R, RW, true, false, 3>); return;
-      }
+      by_offset(std::false_type{});
+      return;
     }
   }
   if constexpr (std::is_same<T, float>::value) {

@@ -32,6 +32,7 @@
 #include <cstring>
 
 #include "depthwise.cuh"
+#include "env_setting.h"
 
 namespace cudadoctor_ops {
 namespace depthwise {
@@ -251,12 +252,7 @@ struct V4Rw {
 
 // The forced configuration, or -1 (choose by shape: v4_auto_cfg).
 int v4_cfg() {
-  static const int cfg = [] {
-    const char* e = std::getenv("CUDADOCTOR_OPS_DW_V4_CFG");
-    if (e == nullptr || e[0] == '\0') return -1;
-    const int v = std::atoi(e);
-    return v >= 0 && v <= 4 ? v : -1;
-  }();
+  static const int cfg = env_choice("CUDADOCTOR_OPS_DW_V4_CFG", {0, 1, 2, 3, 4}, -1);
   return cfg;
 }
 

@@ -164,15 +164,14 @@ def conv_stats(input: Tensor, weight: Tensor, stride, padding, dilation,
     the sums are shifted), or None where this path does not run (the caller then runs the usual
     one). shift: a contiguous float32 [K] tensor (the running mean), or None."""
     global calls
+    key = (input.device.index, tuple(input.shape), tuple(weight.shape), tuple(stride), tuple(padding),
+           tuple(dilation), input.dtype, shift is not None)
     if _CPP:
-        if not weight.is_contiguous(memory_format=torch.channels_last):
-            weight = weight.contiguous(memory_format=torch.channels_last)
-        # detached: the op has no autograd formula (the caller's autograd.Function owns the graph)
+        # detached: the op has no autograd formula (the caller's autograd.Function owns the graph);
+        # the op makes the weight channels_last itself
         y, sums, state, why = torch.ops.cudadoctor_ops.cudnn_conv_stats(
             input.detach(), weight.detach(), list(stride), list(padding), list(dilation), shift)
         if state < 0:
-            key = (input.device.index, tuple(input.shape), tuple(weight.shape), tuple(stride), tuple(padding),
-                   tuple(dilation), input.dtype, shift is not None)
             _why[key] = why
             return None
         calls += 1
@@ -187,8 +186,6 @@ def conv_stats(input: Tensor, weight: Tensor, stride, padding, dilation,
     if ho <= 0 or wo <= 0 or n * ho * wo <= 1:
         return None
     shifted = shift is not None
-    key = (input.device.index, tuple(input.shape), tuple(weight.shape), tuple(stride), tuple(padding),
-           tuple(dilation), input.dtype, shifted)
     plan = _plans.get(key, False)
     if plan is False:
         if torch.cuda.is_current_stream_capturing():
