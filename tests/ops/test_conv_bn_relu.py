@@ -755,6 +755,14 @@ for i, (shape, dtype, shifted, stats, tracked, momentum) in enumerate(cases):
     b = torch.randn(c, device="cuda", generator=g)
     out = ops.conv_bn_relu_apply_sums(y, sums, w, b, rm, rv, nbt, momentum, 1e-5, shifted)
     res[i] = [t.cpu() for t in out] + [t.cpu() for t in (rm, rv, nbt) if t is not None]
+    # the kernels of one more call (its results are not compared)
+    torch.cuda.synchronize()
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        ops.conv_bn_relu_apply_sums(y, sums, w, b, rm, rv, nbt, momentum, 1e-5, shifted)
+        torch.cuda.synchronize()
+    res[f"kernels{i}"] = " ".join(e.key for e in prof.key_averages())
 torch.save(res, sys.argv[1])
 """
 
@@ -778,9 +786,12 @@ def test_apply_sums_one_launch_matches_two_kernels(tmp_path):
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
         outs[setting] = torch.load(path)
-    assert outs["1"].keys() == outs["0"].keys() and len(outs["1"]) == 5
-    for case, fused in outs["1"].items():
-        for k, (a, b) in enumerate(zip(fused, outs["0"][case])):
+    assert outs["1"].keys() == outs["0"].keys() and len(outs["1"]) == 10
+    for case in range(5):
+        one, two = outs["1"][f"kernels{case}"], outs["0"][f"kernels{case}"]
+        assert "cbr_apply_sums_nhwc" in one and "cbr_finalize_sums" not in one, (case, one)
+        assert "cbr_finalize_sums" in two and "cbr_apply_sums_nhwc" not in two, (case, two)
+        for k, (a, b) in enumerate(zip(outs["1"][case], outs["0"][case])):
             assert torch.equal(a, b), f"case {case}, result {k}: one launch and two kernels differ"
 
 
