@@ -27,13 +27,13 @@ def _sources() -> list[str]:
     return sorted(found)
 
 
-def _extra_cuda_includes() -> list[str]:
-    """Library headers (cusparse.h, cublas_v2.h) that ATen/cuda/CUDAContext.h pulls in.
+def _extra_cuda_includes(wanted: tuple[str, ...] = ("cusparse.h", "cublas_v2.h")) -> list[str]:
+    """Library headers that the sources pull in (ATen/cuda/CUDAContext.h: cusparse.h, cublas_v2.h;
+    the cuDNN frontend: nvrtc.h).
 
     Some toolkits ship without them while the pip wheels of torch carry them under
     site-packages/nvidia/<pkg>/include; add those dirs only when the toolkit lacks the headers.
     """
-    wanted = ("cusparse.h", "cublas_v2.h")
     cuda_inc = os.path.join(CUDA_HOME or "", "include")
     missing = [h for h in wanted if not os.path.exists(os.path.join(cuda_inc, h))]
     if not missing:
@@ -49,33 +49,48 @@ def _extra_cuda_includes() -> list[str]:
     return dirs
 
 
-def _cudnn_frontend() -> dict | None:
-    """Build settings of csrc/cudnn_conv_stats.cpp: the C++ headers of nvidia-cudnn-frontend
-    (header-only; the pip package installs them under site-packages/include) and cuDNN's headers
-    and library from the nvidia-cudnn package torch depends on. None where either is missing or
-    CUDADOCTOR_OPS_CUDNN_FE=0: the op is then built without a kernel (the Python layer falls
-    back to the frontend's Python API, if installed, or to the usual forward)."""
-    if os.environ.get("CUDADOCTOR_OPS_CUDNN_FE", "") == "0":
-        return None
+def _frontend_include() -> str | None:
+    """The directory holding cudnn_frontend.h: $CUDNN_FRONTEND_INCLUDE (a checkout's include/ of
+    the header-only library) or the nvidia-cudnn-frontend pip package's include/."""
+    env = os.environ.get("CUDNN_FRONTEND_INCLUDE", "")
+    if env:
+        return env if os.path.isfile(os.path.join(env, "cudnn_frontend.h")) else None
     try:
         import importlib.metadata as md
 
         files = md.files("nvidia-cudnn-frontend") or []
     except Exception:  # noqa: BLE001 - not installed
         return None
-    fe_inc = None
     for f in files:
         if str(f).replace("\\", "/").endswith("include/cudnn_frontend.h"):
-            fe_inc = os.path.dirname(str(f.locate()))
-            break
-    if fe_inc is None or not os.path.isfile(os.path.join(fe_inc, "cudnn_frontend.h")):
-        return None
+            inc = os.path.dirname(str(f.locate()))
+            return inc if os.path.isfile(os.path.join(inc, "cudnn_frontend.h")) else None
+    return None
+
+
+def _cudnn_frontend() -> tuple[dict | None, str]:
+    """Build settings of csrc/cudnn_conv_stats.cpp and why: the C++ headers of the cuDNN frontend
+    (header-only, see _frontend_include), cuDNN's headers and library from the nvidia-cudnn package
+    torch depends on, and nvrtc.h (newer frontends include it) from the toolkit or torch's
+    nvidia/* packages. Without them, or with CUDADOCTOR_OPS_CUDNN_FE=0, the op is built without a
+    kernel (the Python layer falls back to the frontend's Python API, if installed, or to the
+    usual forward)."""
+    if os.environ.get("CUDADOCTOR_OPS_CUDNN_FE", "") == "0":
+        return None, "CUDADOCTOR_OPS_CUDNN_FE=0"
+    fe_inc = _frontend_include()
+    if fe_inc is None:
+        where = os.environ.get("CUDNN_FRONTEND_INCLUDE", "")
+        return None, (f"no cudnn_frontend.h in CUDNN_FRONTEND_INCLUDE={where}" if where
+                      else "nvidia-cudnn-frontend not installed and CUDNN_FRONTEND_INCLUDE unset")
     for entry in sys.path:
         base = os.path.join(entry, "nvidia", "cudnn")
         inc, lib = os.path.join(base, "include"), os.path.join(base, "lib")
         if os.path.isfile(os.path.join(inc, "cudnn.h")) and os.path.isfile(os.path.join(lib, "libcudnn.so.9")):
-            return {"include_dirs": [fe_inc, inc], "library_dirs": [lib]}
-    return None
+            extra = []
+            if os.path.isfile(os.path.join(fe_inc, "cudnn_frontend", "experimental", "nvrtc_shim.h")):
+                extra = _extra_cuda_includes(("nvrtc.h",))
+            return {"include_dirs": [fe_inc, inc] + extra, "library_dirs": [lib]}, f"frontend headers in {fe_inc}"
+    return None, "cuDNN headers or libcudnn.so.9 (the nvidia-cudnn package) not found"
 
 
 def _nvcc_flags() -> list[str]:
@@ -88,9 +103,8 @@ def _nvcc_flags() -> list[str]:
     ]
 
 
-_FE = _cudnn_frontend()
-print(f"cudadoctor-ops: cudnn_conv_stats {'with the cuDNN frontend headers in ' + _FE['include_dirs'][0] if _FE else 'without a kernel (nvidia-cudnn-frontend or cuDNN headers not found)'}",
-      file=sys.stderr)
+_FE, _FE_WHY = _cudnn_frontend()
+print(f"cudadoctor-ops: cudnn_conv_stats {'with' if _FE else 'without a kernel:'} {_FE_WHY}", file=sys.stderr)
 
 ext = CUDAExtension(
     name="cudadoctor_ops._C",

@@ -24,8 +24,7 @@
     dwb  depthwise channels_last backward dX + dW (CUDADOCTOR_OPS_DW_WGRAD_SMEM=0 / 1; CUDADOCTOR_OPS_DW_WGRAD_V1 /
          _DGRAD_V1 / _V4)
     dwn  depthwise float32 NCHW forward and backward (dX + dW) on the issue's target shapes
-         (CUDADOCTOR_OPS_DW_V2_SPLIT=1: 2-row tiles staged and computed in two halves, alone and
-         with 2-row tiles forced; 2-row tiles forced; CUDADOCTOR_OPS_DW_V2_COLV=0: strided columns
+         (2-row tiles forced; CUDADOCTOR_OPS_DW_V2_COLV=0: strided columns
          instead of 4 consecutive ones per thread at stride 1; CUDADOCTOR_OPS_DW_V2_LEAN=1: the cp.async kernel's LEAN
          build, which runs only with COLV=0 at stride 1;
          also settable: CUDADOCTOR_OPS_DW_V2_ASYNC=0 (tiles staged through registers),
@@ -63,9 +62,9 @@ CBR_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_NHWC_TILE_WIDE": "0"}, {"CUDADOCTOR_OPS_
                 {"CUDADOCTOR_OPS_CBR_TILE": "0"}]
 CBRS_SETTINGS = [{}, {"CUDADOCTOR_OPS_CBR_CUDNN_STATS": "1"},
                  {"CUDADOCTOR_OPS_CBR_CUDNN_STATS": "1", "CUDADOCTOR_OPS_CBR_SUMS_FUSED": "0"}]
-DW_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_V4_CFG": "4"}]
-DWN_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_V2_SPLIT": "1"}, {"CUDADOCTOR_OPS_DW_V2_SPLIT": "1", "CUDADOCTOR_OPS_DW_V2_ROWS": "2"},
-                {"CUDADOCTOR_OPS_DW_V2_ROWS": "2"}, {"CUDADOCTOR_OPS_DW_V2_COLV": "0"}]
+DW_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_V4_CFG": "1"}, {"CUDADOCTOR_OPS_DW_V4_CFG": "3"}]
+DWN_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_V2_ROWS": "2"}, {"CUDADOCTOR_OPS_DW_V2_COLV": "0"},
+                {"CUDADOCTOR_OPS_DW_V2_LEAN": "1", "CUDADOCTOR_OPS_DW_V2_COLV": "0"}]
 DWN_CASES = [(1, 64, 128, 128, 3), (8, 64, 128, 128, 3), (1, 256, 128, 128, 3), (32, 12, 112, 112, 5),
              (64, 32, 112, 112, 3)]
 DWB_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "0"}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "1"},

@@ -490,16 +490,9 @@ __device__ __forceinline__ void colv_store(float* o, int ox, int Wo, const float
 // where aligned. COLV is `off`, fixed by the padding ((-PW) mod 4: the tile starts at a multiple
 // of 4 columns), so the window's register indices are compile-time constants. Same sums in the
 // same order as the default mapping.
-//
-// SPLIT (with COLV and R = 2; CUDADOCTOR_OPS_DW_V2_SPLIT=1, default off): the tile is staged and
-// computed in two halves so that a grid of under one wave, where every block is in the same
-// phase at once, overlaps its DRAM reads, arithmetic and DRAM writes. Thread (tx, ty) computes
-// output rows ty and ty + BY of the tile (instead of 2 ty and 2 ty + 1); the input rows of the
-// top half, 0 .. BY + K - 2, are one cp.async group and the rest a second one; the block waits
-// for the first group, computes and stores its top rows while the second lands, then waits for
-// it and computes the bottom rows. Same sums in the same order.
+
 template <typename T, int K, int S, int R, int RW, bool ASYNC = false, bool LEAN = false,
-          int COLV = -1, bool SPLIT = false>
+          int COLV = -1>
 __global__ void __launch_bounds__(kThreads)
     fwd_nchw_v2(const T* __restrict__ in, const T* __restrict__ w,
                 const T* __restrict__ bias, T* __restrict__ out, int H,
@@ -588,43 +581,6 @@ __global__ void __launch_bounds__(kThreads)
     }
     cp_async_commit();
   };
-
-  if constexpr (SPLIT) {
-    static_assert(COLV >= 0 && R == 2 && ASYNC, "SPLIT: the COLV kernel with 2 rows per thread");
-    constexpr int NV = (COLV + RW + K - 1 + 3) / 4;  // 16-byte loads per tile row (see COLV)
-    const int top_rows = min(IH, BY + K - 1);
-    stage_async(0, top_rows * NCH);
-    stage_async(top_rows * NCH, IH * NCH);
-    if constexpr (K > 3) load_filter();
-    T* op = out + plane * static_cast<int64_t>(Ho) * Wo;
-    const int oxs = ox0 + 4 * threadIdx.x;
-    // output row `lr` of the tile (its input rows lr .. lr + K - 1 landed and published)
-    const auto row = [&](int lr) {
-      float acc[RW];
-#pragma unroll
-      for (int j = 0; j < RW; ++j) acc[j] = bv;
-      const float* sq = tile + lr * SP + 4 * threadIdx.x;
-#pragma unroll
-      for (int kh = 0; kh < K; ++kh) {
-        float v[4 * NV];
-        colv_window<NV>(sq + kh * SP, v);
-#pragma unroll
-        for (int j = 0; j < RW; ++j) {
-#pragma unroll
-          for (int kw = 0; kw < K; ++kw) acc[j] = fmaf(v[COLV + j + kw], wr[kh * K + kw], acc[j]);
-        }
-      }
-      const int oy = oy0 + lr;
-      if (oy < Ho) colv_store(op + static_cast<int64_t>(oy) * Wo + oxs, oxs, Wo, acc);
-    };
-    cp_async_wait_group<1>();  // this thread's top-half copies; the barrier publishes all
-    __syncthreads();
-    row(threadIdx.y);
-    cp_async_wait_group<0>();
-    __syncthreads();
-    row(threadIdx.y + BY);
-    return;
-  }
 
   bool staged = false;
   if constexpr (kLean) {
@@ -971,12 +927,6 @@ bool nchw_v2_lean_enabled() {
 // fwd_nchw_v2); CUDADOCTOR_OPS_DW_V2_COLV=0 keeps the strided columns (read once). H200, fp32 NCHW
 // forward, one run: (8,64,128,128) 24.4 vs 25.6 us, (64,32,112,112) 61.6 vs 63.2, (1,256,128,128)
 // 14.6 vs 14.9, (32,12,112,112) 5x5 21.2 vs 21.3; backward unchanged.
-// CUDADOCTOR_OPS_DW_V2_SPLIT=1: the COLV kernel with 2-row tiles staged and computed in two halves
-// (SPLIT, see fwd_nchw_v2); default off until timed on a GPU (read once).
-bool nchw_v2_split_enabled() {
-  static const bool on = env_choice("CUDADOCTOR_OPS_DW_V2_SPLIT", {0, 1}, 0) == 1;
-  return on;
-}
 
 bool nchw_v2_colv_enabled() {
   static const bool on = env_choice("CUDADOCTOR_OPS_DW_V2_COLV", {0, 1}, 1) == 1;
@@ -1019,24 +969,13 @@ void launch_nchw_v2(const void* in, const void* w, const void* bias, void* out,
             static_cast<const T*>(in), static_cast<const T*>(w), static_cast<const T*>(bias),
             static_cast<T*>(out), s.H, s.W, s.Ho, s.Wo, s.PH, s.PW, dv, SP, vec, flip);
       };
-      // the COLV (SPLIT when `split` is std::true_type) kernel of this window offset
-      const auto by_offset = [&](auto split) {
-        constexpr bool SP = decltype(split)::value;
-        switch (off) {
-          case 0: args(fwd_nchw_v2<T, K, S, R, RW, true, false, 0, SP>); return;
-          case 1: args(fwd_nchw_v2<T, K, S, R, RW, true, false, 1, SP>); return;
-          case 2: args(fwd_nchw_v2<T, K, S, R, RW, true, false, 2, SP>); return;
-          default: args(fwd_nchw_v2<T, K, S, R, RW, true, false, 3, SP>); return;
-        }
-      };
-      if constexpr (R == 2) {
-        if (nchw_v2_split_enabled()) {
-          by_offset(std::true_type{});
-          return;
-        }
+      // the COLV kernel of this window offset
+      switch (off) {
+        case 0: args(fwd_nchw_v2<T, K, S, R, RW, true, false, 0>); return;
+        case 1: args(fwd_nchw_v2<T, K, S, R, RW, true, false, 1>); return;
+        case 2: args(fwd_nchw_v2<T, K, S, R, RW, true, false, 2>); return;
+        default: args(fwd_nchw_v2<T, K, S, R, RW, true, false, 3>); return;
       }
-      by_offset(std::false_type{});
-      return;
     }
   }
   if constexpr (std::is_same<T, float>::value) {

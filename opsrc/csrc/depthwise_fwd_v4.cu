@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(NT, MINB)
 // ---------------------------------------------------------------------------
 // Host side.
 //
-// Configurations, forced at run time by CUDADOCTOR_OPS_DW_V4_CFG=0..4 (read once). Unset
+// Configurations, forced at run time by CUDADOCTOR_OPS_DW_V4_CFG=0..3 (read once). Unset
 // (or anything else): 3 for 3x3 with an output row of at least 14 and for 5x5 at stride 2, else 1
 // (the H200, batch-64 MobileNetV2 / EfficientNet-B0 layers in float16 / bfloat16, one run: 3 was
 // 1.02-1.10x faster than 1 on those, 1 up to 1.12x faster than 3 on 7x7 planes, 3x3 stride 2
@@ -236,12 +236,10 @@ __global__ void __launch_bounds__(NT, MINB)
 //   3:           128-thread blocks with the widest groups: RW = 8 for 3x3 and 4 for 5x5 / 7x7
 //                at stride 1, 4 (3x3, 5x5) or 2 (7x7) at stride 2, bounded at 170
 //                registers (3 blocks): fewer loads per output again, lower occupancy.
-//   4:           as 1 at most 80 registers (6 blocks, 38% occupancy): nvcc 13.0 sm_90 spills
-//                32-40 bytes for 5x5 stride 1 (96 registers unbounded). Built to time
-//                occupancy against those spills on the latency-bound 5x5 layers; not yet run on
-//                a GPU. (Holding each kernel row's weights in registers instead, 116 registers
-//                at 4 blocks, was slower on 36 of 38 layers on the H200.)
-// All use the same block-shape planner (v4_plan).
+// All use the same block-shape planner (v4_plan). Timed on the H200 and removed: 1 bounded at 80
+// registers (6 blocks per SM; nvcc 13.0 spills 32-40 bytes at 5x5 stride 1) took (64,240,28,28)
+// 5x5 fp16 from 43.6 to 49.8 us and was within noise or slower on the other 37 layers; 1 with
+// each kernel row's weights held in registers (116 registers, 4 blocks) was slower on 36 of 38.
 
 template <int K, int S>
 struct V4Rw {
@@ -252,7 +250,7 @@ struct V4Rw {
 
 // The forced configuration, or -1 (choose by shape: v4_auto_cfg).
 int v4_cfg() {
-  static const int cfg = env_choice("CUDADOCTOR_OPS_DW_V4_CFG", {0, 1, 2, 3, 4}, -1);
+  static const int cfg = env_choice("CUDADOCTOR_OPS_DW_V4_CFG", {0, 1, 2, 3}, -1);
   return cfg;
 }
 
@@ -398,8 +396,6 @@ bool run_nhwc_v4_cfg(const void* in, const void* w, const void* bias, void* out,
       return run_nhwc_v4<T, K, S, RWA, 256, 4>(in, w, bias, out, s, flip, stream);
     case 3:
       return run_nhwc_v4<T, K, S, RWC, 128, 3>(in, w, bias, out, s, flip, stream);
-    case 4:
-      return run_nhwc_v4<T, K, S, RWB, 128, 6>(in, w, bias, out, s, flip, stream);
     default:
       return run_nhwc_v4<T, K, S, RWB, 128, 5>(in, w, bias, out, s, flip, stream);
   }

@@ -741,7 +741,7 @@ def test_compiled_op_bad_arguments_raise_runtime_error_in_subprocess():
 # memory) for float16/bfloat16 where it applies (C % 8 == 0, 16-byte aligned input and output),
 # else the second-generation kernel; "auto" tries it first for those dtypes (unless
 # CUDADOCTOR_OPS_DW_V4=0), also in the stride-1 input gradient (the forward kernel on the flipped
-# filter). Its block shape and outputs per thread come from CUDADOCTOR_OPS_DW_V4_CFG=0..4, read
+# filter). Its block shape and outputs per thread come from CUDADOCTOR_OPS_DW_V4_CFG=0..3, read
 # once per process: the in-process tests below check the configuration of this process (0 unless
 # the variable is set), and one child process per configuration runs the same checks.
 
@@ -779,7 +779,7 @@ def _v4_pads(k, h, w):
 def _v4_rw(k, s, cfg):
     """Outputs per thread along W of configuration cfg (mirrors V4Rw in depthwise_fwd_v4.cu)."""
     small = s == 1 and k <= 5
-    if cfg in (1, 4):
+    if cfg == 1:
         return 4 if small else 2
     if cfg == 3:
         return (8 if k == 3 else 4) if s == 1 else (4 if k <= 5 else 2)
@@ -798,13 +798,13 @@ def _v4_auto_cfg(k, s, wo):
 def _v4_env_cfg():
     """CUDADOCTOR_OPS_DW_V4_CFG of this process, or None (choose by shape)."""
     v = os.environ.get("CUDADOCTOR_OPS_DW_V4_CFG", "")
-    return int(v) if v in ("0", "1", "2", "3", "4") else None
+    return int(v) if v in ("0", "1", "2", "3") else None
 
 
 def _v4_kernel_tag(dtype, k, s, cfg):
     """The template arguments of the fwd_nhwc_v4 instantiation that configuration cfg runs."""
     t = "c10::Half" if dtype == torch.float16 else "c10::BFloat16"
-    nt, minb = {0: (128, 8), 1: (128, 5), 2: (256, 4), 3: (128, 3), 4: (128, 6)}[cfg]
+    nt, minb = {0: (128, 8), 1: (128, 5), 2: (256, 4), 3: (128, 3)}[cfg]
     return f"fwd_nhwc_v4<{t}, {k}, {s}, {_v4_rw(k, s, cfg)}, {nt}, {minb}>"
 
 
@@ -1049,7 +1049,7 @@ def _run_child_env(code: str, env_extra: dict):
 
 
 @needs_v4
-@pytest.mark.parametrize("cfg", [0, 1, 2, 3, 4])
+@pytest.mark.parametrize("cfg", [0, 1, 2, 3])
 def test_nhwc_v4_every_config_in_subprocess(cfg):
     proc, report = _run_child_env(_V4_CHILD_SCRIPT, {"CUDADOCTOR_OPS_DW_V4_CFG": str(cfg)})
     assert proc.returncode >= 0, f"child killed by signal {-proc.returncode}:\n{report}"
@@ -1070,8 +1070,7 @@ def test_auto_without_nhwc_v4_in_subprocess():
 # constant offsets, reversed in registers for the input gradient; incremental staging offsets),
 # the cp.async kernel runs its stride-1 build with 4 consecutive columns per thread by default
 # (16-byte shared loads and stores; the cases cover every window offset 0..3) and
-# CUDADOCTOR_OPS_DW_V2_COLV=0 the strided columns; CUDADOCTOR_OPS_DW_V2_SPLIT=1 stages and
-# computes its 2-row tiles in two halves (rows ty and ty + BY per thread, two cp.async groups). Each setting runs the float32 contiguous forward cases above (chunk copies where
+# CUDADOCTOR_OPS_DW_V2_COLV=0 the strided columns. Each setting runs the float32 contiguous forward cases above (chunk copies where
 # W % 4 == 0, element loads elsewhere), every forward+backward case (the stride-1 input gradient
 # runs the same kernel on the flipped filter) and a misaligned data pointer, against float64.
 _V2_STAGING_SCRIPT = r"""
@@ -1116,29 +1115,26 @@ sys.exit(1 if failures else 0)
 """
 
 # (setting, the fwd_nchw_v2 instantiation it runs on the child's 3x3 stride-1 plane: type, K, S,
-# rows, columns per thread, ASYNC, LEAN, COLV window offset or -1, SPLIT). LEAN runs at stride 1
+# rows, columns per thread, ASYNC, LEAN, COLV window offset or -1). LEAN runs at stride 1
 # only without COLV, hence COLV=0 in its settings.
 _V2 = "fwd_nchw_v2<float, 3, 1, "
 _V2_STAGING = {
-    "register-staging": ({"CUDADOCTOR_OPS_DW_V2_ASYNC": "0"}, _V2 + "2, 4, false, false, -1, false>"),
-    "async-rows-8": ({"CUDADOCTOR_OPS_DW_V2_ROWS": "8"}, _V2 + "8, 4, true, false, 3, false>"),
+    "register-staging": ({"CUDADOCTOR_OPS_DW_V2_ASYNC": "0"}, _V2 + "2, 4, false, false, -1>"),
+    "async-rows-8": ({"CUDADOCTOR_OPS_DW_V2_ROWS": "8"}, _V2 + "8, 4, true, false, 3>"),
     "register-rows-8": ({"CUDADOCTOR_OPS_DW_V2_ASYNC": "0", "CUDADOCTOR_OPS_DW_V2_ROWS": "8"},
-                        _V2 + "8, 4, false, false, -1, false>"),
+                        _V2 + "8, 4, false, false, -1>"),
     "lean": ({"CUDADOCTOR_OPS_DW_V2_LEAN": "1", "CUDADOCTOR_OPS_DW_V2_COLV": "0"},
-             _V2 + "2, 4, true, true, -1, false>"),
+             _V2 + "2, 4, true, true, -1>"),
     "lean-rows-8": ({"CUDADOCTOR_OPS_DW_V2_LEAN": "1", "CUDADOCTOR_OPS_DW_V2_COLV": "0",
-                     "CUDADOCTOR_OPS_DW_V2_ROWS": "8"}, _V2 + "8, 4, true, true, -1, false>"),
+                     "CUDADOCTOR_OPS_DW_V2_ROWS": "8"}, _V2 + "8, 4, true, true, -1>"),
     "lean-rows-4": ({"CUDADOCTOR_OPS_DW_V2_LEAN": "1", "CUDADOCTOR_OPS_DW_V2_COLV": "0",
-                     "CUDADOCTOR_OPS_DW_V2_ROWS": "4"}, _V2 + "4, 4, true, true, -1, false>"),
-    "async-rows-4": ({"CUDADOCTOR_OPS_DW_V2_ROWS": "4"}, _V2 + "4, 4, true, false, 3, false>"),
-    "strided-columns": ({"CUDADOCTOR_OPS_DW_V2_COLV": "0"}, _V2 + "2, 4, true, false, -1, false>"),
+                     "CUDADOCTOR_OPS_DW_V2_ROWS": "4"}, _V2 + "4, 4, true, true, -1>"),
+    "async-rows-4": ({"CUDADOCTOR_OPS_DW_V2_ROWS": "4"}, _V2 + "4, 4, true, false, 3>"),
+    "strided-columns": ({"CUDADOCTOR_OPS_DW_V2_COLV": "0"}, _V2 + "2, 4, true, false, -1>"),
     "colv-rows-8": ({"CUDADOCTOR_OPS_DW_V2_COLV": "1", "CUDADOCTOR_OPS_DW_V2_ROWS": "8"},
-                    _V2 + "8, 4, true, false, 3, false>"),
+                    _V2 + "8, 4, true, false, 3>"),
     "colv-rows-4": ({"CUDADOCTOR_OPS_DW_V2_COLV": "1", "CUDADOCTOR_OPS_DW_V2_ROWS": "4"},
-                    _V2 + "4, 4, true, false, 3, false>"),
-    "split": ({"CUDADOCTOR_OPS_DW_V2_SPLIT": "1"}, _V2 + "2, 4, true, false, 3, true>"),
-    "split-rows-2": ({"CUDADOCTOR_OPS_DW_V2_SPLIT": "1", "CUDADOCTOR_OPS_DW_V2_ROWS": "2"},
-                     _V2 + "2, 4, true, false, 3, true>"),
+                    _V2 + "4, 4, true, false, 3>"),
 }
 
 
