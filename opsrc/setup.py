@@ -86,11 +86,33 @@ def _cudnn_frontend() -> tuple[dict | None, str]:
         base = os.path.join(entry, "nvidia", "cudnn")
         inc, lib = os.path.join(base, "include"), os.path.join(base, "lib")
         if os.path.isfile(os.path.join(inc, "cudnn.h")) and os.path.isfile(os.path.join(lib, "libcudnn.so.9")):
-            extra = []
+            fe = {"include_dirs": [fe_inc, inc], "library_dirs": [lib], "libraries": [":libcudnn.so.9"],
+                  "extra_link_args": []}
             if os.path.isfile(os.path.join(fe_inc, "cudnn_frontend", "experimental", "nvrtc_shim.h")):
-                extra = _extra_cuda_includes(("nvrtc.h",))
-            return {"include_dirs": [fe_inc, inc] + extra, "library_dirs": [lib]}, f"frontend headers in {fe_inc}"
+                # newer frontends call NVRTC directly (their run-time-compiled engines)
+                nvrtc = _nvrtc_library()
+                if nvrtc is None:
+                    return None, f"the frontend in {fe_inc} needs NVRTC and no libnvrtc.so was found"
+                fe["include_dirs"] += _extra_cuda_includes(("nvrtc.h",))
+                fe["library_dirs"].append(nvrtc[0])
+                fe["libraries"].append(nvrtc[1])
+                fe["extra_link_args"].append("-Wl,-rpath," + nvrtc[2])
+            return fe, f"frontend headers in {fe_inc}"
     return None, "cuDNN headers or libcudnn.so.9 (the nvidia-cudnn package) not found"
+
+
+def _nvrtc_library() -> tuple[str, str, str] | None:
+    """(directory, linker name, run-time search path) of libnvrtc: torch's nvidia/<pkg>/lib first
+    (found at run time relative to this package, as torch finds it), else the toolkit's lib64."""
+    for entry in sys.path:
+        for so in sorted(glob.glob(os.path.join(entry, "nvidia", "*", "lib", "libnvrtc.so.[0-9]*"))):
+            d = os.path.dirname(so)
+            rel = os.path.relpath(d, entry)
+            return d, ":" + os.path.basename(so), "$ORIGIN/../" + rel
+    lib64 = os.path.join(CUDA_HOME or "", "lib64")
+    if os.path.isfile(os.path.join(lib64, "libnvrtc.so")):
+        return lib64, "nvrtc", lib64
+    return None
 
 
 def _nvcc_flags() -> list[str]:
@@ -112,8 +134,10 @@ ext = CUDAExtension(
     include_dirs=[os.path.join(HERE, "csrc")] + _extra_cuda_includes() + (_FE["include_dirs"] if _FE else []),
     define_macros=[("CUDADOCTOR_OPS_CUDNN_FE", "1")] if _FE else [],
     library_dirs=_FE["library_dirs"] if _FE else [],
-    # the soname torch already loads (libtorch_cuda needs it): no search path at run time
-    libraries=[":libcudnn.so.9"] if _FE else [],
+    # libcudnn.so.9: the soname torch already loads (libtorch_cuda needs it), no search path at
+    # run time; libnvrtc (newer frontends) with one
+    libraries=_FE["libraries"] if _FE else [],
+    extra_link_args=_FE["extra_link_args"] if _FE else [],
     extra_compile_args={"cxx": ["-O3", "-DNDEBUG"], "nvcc": _nvcc_flags()},
 )
 

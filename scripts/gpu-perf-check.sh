@@ -55,6 +55,12 @@ section_build() {
     say "no installable wheel"
     return 1
   fi
+  # a wheel that links but does not load (an undefined symbol) fails here, not in every test
+  if ! (cd "$L" && "$PY" -c "import cudadoctor_ops" >>"$OUT/build.log" 2>&1); then
+    say "the installed wheel does not import: $(tail -n 1 "$OUT/build.log" | cut -c1-300)"
+    return 1
+  fi
+  say "import: ok; cudnn_conv_stats kernel: $(cd "$L" && "$PY" -c "from cudadoctor_ops import cudnn_stats as c; print(c._CPP)" 2>&1 | tail -n 1)"
 }
 
 section_tests() {
