@@ -207,6 +207,22 @@ def write_stamp(plan: P.BuildPlan, req: BuildRequest, result: BuildResult) -> No
                                           "fingerprint": fp}, indent=1, sort_keys=True))
 
 
+def refuse_unloadable(wheel: Path, check: dict | None) -> None:
+    """RefusedError (exit 1) when a shared object of the built wheel did not load next to the torch it
+    was built against (build_wheel.py's load check): it would fail the same way at import."""
+    errors = (check or {}).get("errors") or []
+    if not errors:
+        return
+    text = "; ".join(f"{e.get('member')}: {e.get('error')}" for e in errors)
+    undefined = any("undefined symbol" in str(e.get("error")) for e in errors)
+    hint = ("Fix: link the library that defines the symbol (libraries= / extra_link_args in setup.py; "
+            "`c++filt` names a C++ symbol), or, for a torch or c10 symbol, build against the torch "
+            "the wheel will run with." if undefined else
+            "Fix: the library named above must be found at run time: link it with a run path "
+            "(-Wl,-rpath,...), or depend on the package that installs it.")
+    raise RefusedError(f"the built wheel {Path(wheel).name} does not load in its build environment: {text}.", hint=hint)
+
+
 def run_plan(plan: P.BuildPlan, req: BuildRequest, console: Console, *, local_env: dict | None = None) -> BuildResult:
     from cudadoctor.build.docker_backend import BuildFailed
     from cudadoctor.build.verify import verify
@@ -248,6 +264,11 @@ def run_plan(plan: P.BuildPlan, req: BuildRequest, console: Console, *, local_en
                 exc.message += f" The build log is kept at {log}."
                 raise
             info = json.loads((staging / "build-info.json").read_text())
+            try:
+                refuse_unloadable(raw, info.get("load_check"))
+            except RefusedError as exc:
+                exc.message += f" The build log is kept at {log}."
+                raise
             manifest = make_manifest(plan, info, archs, src_hash)
             wheel = finish_wheel(raw, out, plan.label, manifest)
             prog.write(f"[cudadoctor] wheel {wheel}")

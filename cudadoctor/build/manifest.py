@@ -58,6 +58,8 @@ def make_manifest(plan: BuildPlan, info: dict, so_archs: dict[str, dict], src_ha
         "nvcc_flags": list(plan.nvcc_flags),
         "compressed": plan.compress,
         "compiler_cache": info.get("compiler_cache"),
+        # which shared objects loaded next to the build's torch, and what could not be checked
+        "load_check": {k: (info.get("load_check") or {}).get(k, []) for k in ("checked", "notes")},
     }
 
 

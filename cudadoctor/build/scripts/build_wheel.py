@@ -2,7 +2,9 @@
 
 Standard library only (it runs under the build venv's python). Copies the read-only source into a
 persistent work folder (only changed files, so ninja and ccache see an unchanged tree on a rebuild),
-runs `pip wheel --no-build-isolation` there, copies the wheel out and writes build-info JSON.
+runs `pip wheel --no-build-isolation` there, copies the wheel out and writes build-info JSON,
+with the result of loading every shared object of the wheel next to the torch it was built against
+(``load_check``: an undefined symbol or a missing library shows here, not at the user's import).
 The build settings (TORCH_CUDA_ARCH_LIST, MAX_JOBS, NVCC_APPEND_FLAGS, CUDA_HOME) come from the
 environment. Exit status: pip's, or 3 when no wheel came out.
 """
@@ -58,6 +60,71 @@ def first_line(argv):
         return None
     lines = [l for l in (out.stdout or out.stderr).splitlines() if l.strip()]
     return lines[0].strip() if lines else None
+
+
+# Run in a child: import torch (which loads the CUDA libraries an extension resolves by soname), lay
+# the wheel's shared objects out as installed, next to everything in torch's site-packages (so that
+# $ORIGIN/../nvidia/... run paths resolve), then dlopen each with RTLD_NOW as Python's import does.
+# Driver libraries (libcuda, libnvidia-*) are not part of a build environment: their absence is a
+# note, not an error. Prints one JSON object.
+LOAD_CHECK = r"""
+import ctypes, json, os, re, shutil, sys, tempfile, zipfile
+
+res = {"checked": [], "errors": [], "notes": []}
+try:
+    import torch
+except BaseException as exc:  # noqa: BLE001
+    res["notes"].append("torch does not import in the build environment (%s); not checked" % str(exc).splitlines()[0][:200])
+    print(json.dumps(res))
+    sys.exit(0)
+site = os.path.dirname(os.path.dirname(os.path.abspath(torch.__file__)))
+root = tempfile.mkdtemp(prefix="cudadoctor-load-")
+try:
+    with zipfile.ZipFile(sys.argv[1]) as z:
+        members = [n for n in z.namelist() if re.search(r"\.so(\.[0-9]+)*$", n)]
+        for n in members:
+            z.extract(n, root)
+    for entry in os.listdir(site):
+        if not os.path.lexists(os.path.join(root, entry)):
+            os.symlink(os.path.join(site, entry), os.path.join(root, entry))
+    for n in members:
+        try:
+            ctypes.CDLL(os.path.join(root, n), mode=os.RTLD_NOW)
+            res["checked"].append(n)
+        except OSError as exc:
+            msg = str(exc).replace(root + os.sep, "")
+            lib = re.search(r"(\S+): cannot open shared object file", msg)
+            if lib and re.match(r"lib(cuda|nvidia-[\w-]+)\.so", os.path.basename(lib.group(1))):
+                res["notes"].append("%s needs the driver's %s, absent here (a build environment has no driver)" % (n, lib.group(1)))
+                res["checked"].append(n)
+            else:
+                res["errors"].append({"member": n, "error": msg})
+finally:
+    shutil.rmtree(root, ignore_errors=True)
+res["torch"] = torch.__version__
+print(json.dumps(res))
+"""
+
+
+def load_check(wheel):
+    """{"checked": [members], "errors": [{"member", "error"}], "notes": [...]}: every shared object
+    of the wheel dlopen'ed next to the build environment's torch (LOAD_CHECK). A child that dies
+    (a crashing static initializer) is an error of the wheel too."""
+    try:
+        out = subprocess.run([sys.executable, "-c", LOAD_CHECK, wheel], capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        return {"checked": [], "errors": [], "notes": ["the load check did not finish in 600 s; not checked"]}
+    lines = out.stdout.strip().splitlines()
+    if out.returncode == 0 and lines:
+        try:
+            return json.loads(lines[-1])
+        except ValueError:
+            pass
+    tail = " ".join((out.stderr or out.stdout).strip().splitlines()[-3:])[:500]
+    how = "killed by signal %d" % -out.returncode if out.returncode < 0 else "exit status %d" % out.returncode
+    return {"checked": [], "errors": [{"member": "(loading the wheel's shared objects)",
+                                       "error": "the process loading them ended with %s: %s" % (how, tail)}],
+            "notes": []}
 
 
 def build_info():
@@ -131,6 +198,14 @@ def main():
         return 3
     info = build_info()
     info["wheel"] = os.path.basename(wheels[0])
+    info["load_check"] = lc = load_check(wheels[0])
+    for e in lc["errors"]:
+        print("[cudadoctor] load check: %s does not load: %s" % (e["member"], e["error"]), flush=True)
+    for note in lc["notes"]:
+        print("[cudadoctor] load check: %s" % note, flush=True)
+    if lc["checked"] and not lc["errors"]:
+        print("[cudadoctor] load check: %d shared object(s) load next to torch %s"
+              % (len(lc["checked"]), lc.get("torch", "?")), flush=True)
     info["build_seconds"] = round(time.time() - t0, 1)
     shutil.copy2(wheels[0], os.path.join(a.out, os.path.basename(wheels[0])))
     with open(a.info, "w") as fh:
