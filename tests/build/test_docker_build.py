@@ -212,7 +212,12 @@ def test_copy_transfer_for_remote_daemons(base_image, client, tmp_path):
     assert [p.name for p in (tmp_path / "work").rglob("*") if p.is_file()] == ["cudadoctor-stamp.json"]
     from cudadoctor.build.manifest import read_manifest
 
-    assert read_manifest(wheel)["shared_objects"]["ext_min/_C.cpython-311-x86_64-linux-gnu.so"]["sass"] == ["sm_89"]
+    m = read_manifest(wheel)
+    assert m["shared_objects"]["ext_min/_C.cpython-311-x86_64-linux-gnu.so"]["sass"] == ["sm_89"]
+    # the extension was loaded in the container next to its torch (no GPU or driver there: torch
+    # still imports, and this extension needs no driver library)
+    assert m["load_check"] == {"checked": ["ext_min/_C.cpython-311-x86_64-linux-gnu.so"], "notes": []}, m["load_check"]
+    assert "load check: 1 shared object(s) load next to torch 2.14.1" in log
     assert labelled(client) == []
 
 

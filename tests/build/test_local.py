@@ -133,6 +133,7 @@ def test_local_build_of_fixture(tmp_path):
     m = read_manifest(wheel)
     assert m["backend"] == "local" and m["toolkit"] == "host"
     assert all(v["sass"] == ["sm_86"] for v in m["shared_objects"].values())
+    assert sorted(m["load_check"]["checked"]) == sorted(m["shared_objects"]), m["load_check"]
     assert json.dumps(m)
 
     # nothing changed: up to date, no toolchain check, no compiler
