@@ -5,18 +5,21 @@ __cxa_throw unless --allow-static-cxx-runtime."""
 from __future__ import annotations
 
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
 
-from cudadoctor.build import cxx_runtime as R
-from cudadoctor.build import local_backend as L
-from cudadoctor.build import plan as P
-from cudadoctor.build.execute import BuildRequest, make_plans
-from cudadoctor.build.verify import verify
-from cudadoctor.doctor import diagnose
-from cudadoctor.errors import RefusedError
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fakes.wheels import make_wheel  # noqa: E402
+
+from cudadoctor.build import cxx_runtime as R  # noqa: E402
+from cudadoctor.build import local_backend as L  # noqa: E402
+from cudadoctor.build import plan as P  # noqa: E402
+from cudadoctor.build.execute import BuildRequest, make_plans  # noqa: E402
+from cudadoctor.build.verify import verify  # noqa: E402
+from cudadoctor.doctor import diagnose  # noqa: E402
+from cudadoctor.errors import RefusedError  # noqa: E402
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 BIN = FIX / "binaries"
@@ -40,13 +43,7 @@ def h200_facts(candidates=True):
 
 
 def wheel(tmp: Path, members: dict[str, Path]) -> Path:
-    path = tmp / "demo_ops-0.1.0-cp311-cp311-linux_x86_64.whl"
-    with zipfile.ZipFile(path, "w") as z:
-        z.writestr("demo_ops/__init__.py", "")
-        for name, src in members.items():
-            z.write(src, name)
-        z.writestr("demo_ops-0.1.0.dist-info/RECORD", "")
-    return path
+    return make_wheel(tmp, members)
 
 
 # --- before the build -------------------------------------------------------------------------

@@ -10,13 +10,16 @@ import os
 import shutil
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
 
-from cudadoctor.build.execute import refuse_unloadable
-from cudadoctor.errors import RefusedError
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fakes.wheels import make_wheel  # noqa: E402
+
+from cudadoctor.build.execute import refuse_unloadable  # noqa: E402
+from cudadoctor.errors import RefusedError  # noqa: E402
 
 SCRIPT = Path(__file__).resolve().parents[2] / "cudadoctor" / "build" / "scripts" / "build_wheel.py"
 CC = shutil.which("cc") or shutil.which("gcc")
@@ -45,12 +48,7 @@ def _so(tmp: Path, name: str, code: str, *args: str) -> Path:
 
 
 def _wheel(tmp: Path, members: dict[str, Path]) -> Path:
-    whl = tmp / "pkg-0.1-cp311-cp311-linux_x86_64.whl"
-    with zipfile.ZipFile(whl, "w") as z:
-        z.writestr("pkg/__init__.py", "")
-        for name, path in members.items():
-            z.write(path, name)
-    return whl
+    return make_wheel(tmp, members, dist="pkg")
 
 
 @needs_cc
