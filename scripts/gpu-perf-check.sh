@@ -23,7 +23,7 @@
 #             a comma joins the settings of one run)
 # The sections after `build` use the installed wheel, so on a machine still warm from an earlier
 # call they can run alone. Writes at most 9 files to $OUT: summary.txt build.log tests.log
-# smoke.log bench.txt cbr.txt variants.txt kvariants.txt profile.txt. Environment: OUT, PYTHON, ARCHS, T_*,
+# smoke.log bench.txt cbr.txt variants.txt kvariants.txt profile.txt. Environment: OUT, PYTHON, ARCHS, T_*, GPU_WHEELS,
 # TEST_PATHS (pytest paths of `tests`, default tests/ops), TEST_WORKERS (pytest-xdist workers, default 14: tests/ops took about 210 s that way on the H200
 # machine, then over 250 s once the switch tests of the depthwise weight gradient, bn_tile_nhwc's
 # merge batch and Conv+BN+ReLU's contiguous forward were added; T_TESTS defaults to 490: 361 s on 2026-11-30 with
@@ -46,6 +46,14 @@ lim() { timeout --kill-after=10 "$@"; }
 
 section_build() {
   say "GPU: $(nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader 2>&1)"
+  # GPU_WHEELS: a folder of wheels to install first (no index), e.g. nvidia-cudnn-frontend, whose
+  # headers give the wheel the cudnn_conv_stats kernel
+  if [ -n "${GPU_WHEELS:-}" ]; then
+    local rc=0
+    "$PY" -m pip install -q --no-deps "$GPU_WHEELS"/*.whl >"$L/gpu-wheels.log" 2>&1 || rc=$?
+    say "wheels from $GPU_WHEELS: exit $rc ($(cd "$GPU_WHEELS" && ls *.whl | tr '\n' ' '))"
+    [ "$rc" = 0 ] || say "$(tail -n 3 "$L/gpu-wheels.log")"
+  fi
   lim "${T_BUILD:-220}" "$PY" -m cudadoctor build opsrc --backend local --arch "$ARCHS" --out "$L/dist" \
     --work-dir "$REPO/build/gpu-perf-work" >"$OUT/build.log" 2>&1
   say "build: exit $? ($(grep -E 'MiB|error' "$OUT/build.log" | head -n 2 | tr '\n' ' '))"
