@@ -111,6 +111,19 @@ def test_origin_run_path_to_torchs_nvidia_libraries_resolves(tmp_path):
 
 
 @needs_cc
+def test_a_member_needing_another_member_loads_in_a_later_pass(tmp_path):
+    """pkg/_ext.so needs libpkgdep.so by soname (no run path: the package preloads it); it comes
+    first in the wheel, so it loads only once the library has."""
+    if not _torch_imports():
+        pytest.skip("torch does not import here")
+    dep = _so(tmp_path, "libpkgdep", "int dep(void) { return 3; }\n", "-Wl,-soname,libpkgdep.so")
+    ext = _so(tmp_path, "ext", "extern int dep(void);\nint e(void) { return dep(); }\n",
+              f"-L{tmp_path}", "-l:libpkgdep.so", "-Wl,--no-as-needed")
+    res = _script().load_check(str(_wheel(tmp_path, {"pkg/_ext.so": ext, "pkg/lib/libpkgdep.so": dep})))
+    assert res["errors"] == [] and res["checked"] == ["pkg/lib/libpkgdep.so", "pkg/_ext.so"], res
+
+
+@needs_cc
 def test_a_crashing_initializer_is_an_error(tmp_path):
     if not _torch_imports():
         pytest.skip("torch does not import here")

@@ -64,7 +64,8 @@ def first_line(argv):
 
 # Run in a child: import torch (which loads the CUDA libraries an extension resolves by soname), lay
 # the wheel's shared objects out as installed, next to everything in torch's site-packages (so that
-# $ORIGIN/../nvidia/... run paths resolve), then dlopen each with RTLD_NOW as Python's import does.
+# $ORIGIN/../nvidia/... run paths resolve), then dlopen each with RTLD_NOW as Python's import does
+# (and RTLD_GLOBAL, as a package that preloads a library of its own would).
 # Driver libraries (libcuda, libnvidia-*) are not part of a build environment: their absence is a
 # note, not an error. Prints one JSON object.
 LOAD_CHECK = r"""
@@ -87,18 +88,29 @@ try:
     for entry in os.listdir(site):
         if not os.path.lexists(os.path.join(root, entry)):
             os.symlink(os.path.join(site, entry), os.path.join(root, entry))
-    for n in members:
-        try:
-            ctypes.CDLL(os.path.join(root, n), mode=os.RTLD_NOW)
-            res["checked"].append(n)
-        except OSError as exc:
-            msg = str(exc).replace(root + os.sep, "")
-            lib = re.search(r"(\S+): cannot open shared object file", msg)
-            if lib and re.match(r"lib(cuda|nvidia-[\w-]+)\.so", os.path.basename(lib.group(1))):
-                res["notes"].append("%s needs the driver's %s, absent here (a build environment has no driver)" % (n, lib.group(1)))
+    # in passes: a member may need another one (by soname) that a package preloads before its
+    # import; whatever loads in some order passes
+    pending, failed = list(members), {}
+    while pending:
+        left = []
+        for n in pending:
+            try:
+                ctypes.CDLL(os.path.join(root, n), mode=os.RTLD_NOW | os.RTLD_GLOBAL)
                 res["checked"].append(n)
-            else:
-                res["errors"].append({"member": n, "error": msg})
+            except OSError as exc:
+                failed[n] = str(exc).replace(root + os.sep, "")
+                left.append(n)
+        if len(left) == len(pending):
+            break
+        pending = left
+    for n in pending:
+        msg = failed[n]
+        lib = re.search(r"(\S+): cannot open shared object file", msg)
+        if lib and re.match(r"lib(cuda|nvidia-[\w-]+)\.so", os.path.basename(lib.group(1))):
+            res["notes"].append("%s needs the driver's %s, absent here (a build environment has no driver)" % (n, lib.group(1)))
+            res["checked"].append(n)
+        else:
+            res["errors"].append({"member": n, "error": msg})
 finally:
     shutil.rmtree(root, ignore_errors=True)
 res["torch"] = torch.__version__
