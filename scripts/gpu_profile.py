@@ -1,13 +1,14 @@
 """Kernel-level breakdown of cudadoctor_ops against torch on a few cases, for tuning.
 
-    python scripts/gpu_profile.py [bn] [cbr] [dw] [cbrstats] [bnmiss] [dwt]
+    python scripts/gpu_profile.py [bn] [cbr] [cbrnchw] [dw] [cbrstats] [bnmiss] [dwt]
 
 Per case and side (ours / torch): the GPU time of one call from CUDA events with an L2 flush
 before it (as the bench measures), the host time of one call (perf_counter over 200 calls without
 a sync: what the CPU spends enqueuing), and the kernels one call launches with their mean
 durations from torch.profiler. Prints plain text. cbrstats: Conv+BN+ReLU's training forward with
 the batch statistics from cuDNN's convolution (CUDADOCTOR_OPS_CBR_CUDNN_STATS=1, needs
-nvidia-cudnn-frontend) against the default forward, both ours.
+nvidia-cudnn-frontend) against the default forward, both ours. cbrnchw: the float32 NCHW
+ResNet-50 layers whose BatchNorm cannot take the one-launch kernel (output H*W % 8 != 0).
 """
 
 from __future__ import annotations
@@ -135,19 +136,19 @@ def dwt() -> None:
          lambda: F.conv2d(x, wt, None, 1, 1, 1, 64))
 
 
-def cbr() -> None:
-    for (n, ci, h, w_, co), dt, cl in [((32, 64, 56, 56, 64), torch.float16, True),
-                                       ((32, 64, 56, 56, 64), torch.float32, False),
-                                       ((64, 128, 28, 28, 128), torch.bfloat16, True)]:
+def _cbr_cases(cases) -> None:
+    """Conv3x3+BN+ReLU, ours (fuse_conv_bn_relu) against the eager block: ((n, cin, h, w, cout),
+    stride, dtype, channels_last) per case."""
+    for (n, ci, h, w_, co), st, dt, cl in cases:
         mf = torch.channels_last if cl else torch.contiguous_format
         # low-precision conv, float32 BatchNorm parameters (as under autocast, and as the bench)
-        eager = torch.nn.Sequential(torch.nn.Conv2d(ci, co, 3, 1, 1, bias=False), torch.nn.BatchNorm2d(co),
+        eager = torch.nn.Sequential(torch.nn.Conv2d(ci, co, 3, st, 1, bias=False), torch.nn.BatchNorm2d(co),
                                     torch.nn.ReLU()).cuda()
         eager[0].to(dt)
         eager = eager.to(memory_format=mf)
         fused = ops.fuse_conv_bn_relu(__import__("copy").deepcopy(eager))
         x = torch.randn(n, ci, h, w_, device="cuda", dtype=dt).contiguous(memory_format=mf).requires_grad_(True)
-        tag = f"CBR {(n, ci, h, w_, co)} {dt} {'nhwc' if cl else 'nchw'}"
+        tag = f"CBR {(n, ci, h, w_, co)} s{st} {dt} {'nhwc' if cl else 'nchw'}"
         eager.train()
         fused.train()
         show(tag + " train fwd", lambda: fused(x), lambda: eager(x))
@@ -163,6 +164,22 @@ def cbr() -> None:
         with torch.no_grad():
             xd = x.detach()
             show(tag + " eval", lambda: fused(xd), lambda: eager(xd))
+
+
+def cbr() -> None:
+    _cbr_cases([((32, 64, 56, 56, 64), 1, torch.float16, True),
+                ((32, 64, 56, 56, 64), 1, torch.float32, False),
+                ((64, 128, 28, 28, 128), 1, torch.bfloat16, True)])
+
+
+def cbrnchw() -> None:
+    """ResNet-50's float32 NCHW 3x3 layers whose output plane has H*W % 8 != 0 (no one-launch
+    bn_fused_nchw with the mask; slower than eager in training on the H200), and one with
+    H*W % 8 == 0 for comparison."""
+    _cbr_cases([((64, 256, 14, 14, 256), 1, torch.float32, False),
+                ((64, 512, 7, 7, 512), 1, torch.float32, False),
+                ((64, 256, 28, 28, 256), 2, torch.float32, False),
+                ((64, 128, 28, 28, 128), 1, torch.float32, False)])
 
 
 def with_env(var: str, value: str, fn):
@@ -219,4 +236,5 @@ if __name__ == "__main__":
     print(torch.__version__, torch.cuda.get_device_name())
     torch.backends.cudnn.benchmark = True
     for part in sys.argv[1:] or ["bn", "cbr", "dw"]:
-        {"bn": bn, "cbr": cbr, "dw": dw, "cbrstats": cbrstats, "bnmiss": bnmiss, "dwt": dwt}[part]()
+        {"bn": bn, "cbr": cbr, "cbrnchw": cbrnchw, "dw": dw, "cbrstats": cbrstats, "bnmiss": bnmiss,
+         "dwt": dwt}[part]()
