@@ -88,6 +88,22 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, old)
 
 
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM back for the duration (delivered when it ends): a Ctrl-C that lands
+    while the daemon creates a container must not leave the container created and its id unknown."""
+    sigs = {signal.SIGINT, signal.SIGTERM}
+    try:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    except (AttributeError, ValueError, OSError):  # no POSIX signal masks here
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 class Container:
     """A created (not yet started) container that is removed on exit from the ``with`` block."""
 
@@ -105,9 +121,16 @@ class Container:
 
     def __enter__(self) -> "Container":
         labels = {LABEL: self.role, RUN_LABEL: self.run_id, **extra_labels(), **self.kwargs.pop("labels", {})}
-        self.container = self.client.containers.create(
-            self.image, self.command, name=self.name, labels=labels, detach=True, **self.kwargs
-        )
+        try:
+            # A Ctrl-C held back until the container's id is known is raised on leaving this block
+            # (or just after); here, __exit__ is not called for an exception from __enter__.
+            with signals_deferred():
+                self.container = self.client.containers.create(
+                    self.image, self.command, name=self.name, labels=labels, detach=True, **self.kwargs
+                )
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
         return self
 
     def start(self) -> None:

@@ -67,7 +67,17 @@ SESSION = f"pytest-{os.getpid()}-{int(time.time())}"
 
 
 def labelled(client) -> list:
-    return client.containers.list(all=True, filters={"label": [LABEL, f"org.cudadoctor.test={SESSION}"]})
+    """This session's containers. The SDK lists, then inspects each one: a container removed (or
+    not yet inspectable) in between answers 404, so the listing is retried."""
+    import docker
+
+    filters = {"label": [LABEL, f"org.cudadoctor.test={SESSION}"]}
+    for _ in range(20):
+        try:
+            return client.containers.list(all=True, filters=filters)
+        except docker.errors.NotFound:
+            time.sleep(0.25)
+    return client.containers.list(all=True, filters=filters)
 
 
 def session_env() -> dict:
@@ -179,6 +189,17 @@ def test_ctrl_c_removes_the_build_container(base_image, client, tmp_path):
         assert mounts["/src"].get("ReadOnly") is True and mounts["/src"]["Source"] == str(FIX / "ext_slow")
         assert not mounts["/build"].get("ReadOnly", False)
         time.sleep(3)  # let the build start inside the container
+    except BaseException:
+        # stop the build and leave no container to the tests that follow
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        for c in labelled(client):
+            c.remove(force=True)
+        raise
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
