@@ -88,20 +88,39 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, old)
 
 
+def _run_pending() -> None:
+    """A Python call: the interpreter runs the handlers of signals already delivered on entry."""
+
+
 @contextmanager
 def signals_deferred() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM back for the duration (delivered when it ends): a Ctrl-C that lands
-    while the daemon creates a container must not leave the container created and its id unknown."""
-    sigs = {signal.SIGINT, signal.SIGTERM}
+    """Hold SIGINT and SIGTERM back for the duration, then hand the first one that came to the
+    handler that was installed (a Ctrl-C that lands while the daemon creates a container must not
+    leave the container created and its id unknown). Python runs signal handlers in the main
+    thread whichever thread the signal reached, so this replaces the handlers there; elsewhere it
+    does nothing."""
+    got: list[int] = []
+
+    def hold(signum, frame):  # noqa: ARG001
+        got.append(signum)
+
     try:
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
-    except (AttributeError, ValueError, OSError):  # no POSIX signal masks here
+        old = {s: signal.signal(s, hold) for s in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:  # not the main thread: handlers cannot be set here
         yield
         return
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        _run_pending()
+        for s, h in old.items():
+            signal.signal(s, h)
+        if got:
+            h = old[got[0]]
+            if callable(h):
+                h(got[0], None)  # default_int_handler, sigterm_as_interrupt's: KeyboardInterrupt
+            elif h == signal.SIG_DFL:
+                raise KeyboardInterrupt
 
 
 class Container:

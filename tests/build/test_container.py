@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 
 import pytest
 
@@ -22,23 +23,32 @@ class FakeContainer:
 
 class FakeContainers:
     """containers.create as the daemon sees it: the container exists once the request is made,
-    whether or not its id reaches the caller."""
+    whether or not its id reaches the caller. ``interrupt``: a SIGINT then arrives before the id
+    is returned, sent to the process ("process") or to another thread of it ("thread": in a
+    process with threads the kernel may hand the signal to any of them)."""
 
-    def __init__(self, interrupt: bool):
+    def __init__(self, interrupt: str | None):
         self.registry: dict = {}
         self.interrupt = interrupt
 
     def create(self, image, command, name, labels, detach, **kwargs):
         c = FakeContainer(self.registry, name)
-        if self.interrupt:
-            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C before the id is returned
-            for _ in range(10000):  # bytecodes at which Python raises a delivered SIGINT
-                pass
+        if self.interrupt == "process":
+            os.kill(os.getpid(), signal.SIGINT)
+        elif self.interrupt == "thread":
+            stop = threading.Event()
+            t = threading.Thread(target=stop.wait, daemon=True)
+            t.start()
+            signal.pthread_kill(t.ident, signal.SIGINT)
+            stop.set()
+            t.join()
+        for _ in range(10000):  # bytecodes at which Python would raise a delivered SIGINT
+            pass
         return c
 
 
 class FakeClient:
-    def __init__(self, interrupt: bool = False):
+    def __init__(self, interrupt: str | None = None):
         self.containers = FakeContainers(interrupt)
 
 
@@ -49,8 +59,9 @@ def default_sigint():
     signal.signal(signal.SIGINT, old)
 
 
-def test_ctrl_c_while_the_container_is_created_leaves_none(default_sigint):
-    client = FakeClient(interrupt=True)
+@pytest.mark.parametrize("to", ["process", "thread"])
+def test_ctrl_c_while_the_container_is_created_leaves_none(default_sigint, to):
+    client = FakeClient(interrupt=to)
     with pytest.raises(KeyboardInterrupt):
         with dk.Container(client, "img", ["true"], run_id="r1", role="build"):
             for _ in range(10000):  # the held-back Ctrl-C may surface here too: __exit__ removes then
