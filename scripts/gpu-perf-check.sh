@@ -63,7 +63,8 @@ section_build() {
     say "no installable wheel"
     return 1
   fi
-  # a wheel that links but does not load (an undefined symbol) fails here, not in every test
+  # the package imports (its ops register) here, not in every test; `cudadoctor build` has already
+  # refused a shared object that does not load (its load check)
   if ! (cd "$L" && "$PY" -c "import cudadoctor_ops" >>"$OUT/build.log" 2>&1); then
     say "the installed wheel does not import: $(tail -n 1 "$OUT/build.log" | cut -c1-300)"
     return 1

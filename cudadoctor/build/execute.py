@@ -258,13 +258,9 @@ def run_plan(plan: P.BuildPlan, req: BuildRequest, console: Console, *, local_en
                     "library, `cudadoctor check` shows what the environment lacks.",
                 ) from None
             prog.set_stage("inspecting every shared object")
-            try:
-                archs = verify(raw, plan.target.sass, plan.target.ptx, allow_static_cxx_runtime=req.allow_static_cxx_runtime)
-            except RefusedError as exc:
-                exc.message += f" The build log is kept at {log}."
-                raise
             info = json.loads((staging / "build-info.json").read_text())
             try:
+                archs = verify(raw, plan.target.sass, plan.target.ptx, allow_static_cxx_runtime=req.allow_static_cxx_runtime)
                 refuse_unloadable(raw, info.get("load_check"))
             except RefusedError as exc:
                 exc.message += f" The build log is kept at {log}."

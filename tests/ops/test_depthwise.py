@@ -1118,17 +1118,15 @@ sys.exit(1 if failures else 0)
 # rows, columns per thread, ASYNC, LEAN, COLV window offset or -1). LEAN runs at stride 1
 # only without COLV, hence COLV=0 in its settings.
 _V2 = "fwd_nchw_v2<float, 3, 1, "
+_LEAN = {"CUDADOCTOR_OPS_DW_V2_LEAN": "1", "CUDADOCTOR_OPS_DW_V2_COLV": "0"}
 _V2_STAGING = {
     "register-staging": ({"CUDADOCTOR_OPS_DW_V2_ASYNC": "0"}, _V2 + "2, 4, false, false, -1>"),
     "async-rows-8": ({"CUDADOCTOR_OPS_DW_V2_ROWS": "8"}, _V2 + "8, 4, true, false, 3>"),
     "register-rows-8": ({"CUDADOCTOR_OPS_DW_V2_ASYNC": "0", "CUDADOCTOR_OPS_DW_V2_ROWS": "8"},
                         _V2 + "8, 4, false, false, -1>"),
-    "lean": ({"CUDADOCTOR_OPS_DW_V2_LEAN": "1", "CUDADOCTOR_OPS_DW_V2_COLV": "0"},
-             _V2 + "2, 4, true, true, -1>"),
-    "lean-rows-8": ({"CUDADOCTOR_OPS_DW_V2_LEAN": "1", "CUDADOCTOR_OPS_DW_V2_COLV": "0",
-                     "CUDADOCTOR_OPS_DW_V2_ROWS": "8"}, _V2 + "8, 4, true, true, -1>"),
-    "lean-rows-4": ({"CUDADOCTOR_OPS_DW_V2_LEAN": "1", "CUDADOCTOR_OPS_DW_V2_COLV": "0",
-                     "CUDADOCTOR_OPS_DW_V2_ROWS": "4"}, _V2 + "4, 4, true, true, -1>"),
+    "lean": (_LEAN, _V2 + "2, 4, true, true, -1>"),
+    "lean-rows-8": (dict(_LEAN, CUDADOCTOR_OPS_DW_V2_ROWS="8"), _V2 + "8, 4, true, true, -1>"),
+    "lean-rows-4": (dict(_LEAN, CUDADOCTOR_OPS_DW_V2_ROWS="4"), _V2 + "4, 4, true, true, -1>"),
     "async-rows-4": ({"CUDADOCTOR_OPS_DW_V2_ROWS": "4"}, _V2 + "4, 4, true, false, 3>"),
     "strided-columns": ({"CUDADOCTOR_OPS_DW_V2_COLV": "0"}, _V2 + "2, 4, true, false, -1>"),
     "colv-rows-8": ({"CUDADOCTOR_OPS_DW_V2_COLV": "1", "CUDADOCTOR_OPS_DW_V2_ROWS": "8"},
