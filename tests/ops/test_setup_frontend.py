@@ -1,0 +1,87 @@
+"""opsrc/setup.py's choice of build settings for csrc/cudnn_conv_stats.cpp (no compiler runs): where
+the cuDNN frontend's headers come from, the cuDNN library, and libnvrtc with a run path relative to
+the installed package where the frontend calls NVRTC."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import pytest
+
+SETUP = pathlib.Path(__file__).resolve().parents[2] / "opsrc" / "setup.py"
+
+
+def _helpers(monkeypatch) -> dict:
+    """setup.py's definitions, up to (not including) the module-level calls that build."""
+    pytest.importorskip("torch.utils.cpp_extension", reason="setup.py imports torch's build helpers")
+    src = SETUP.read_text()
+    monkeypatch.chdir(SETUP.parent)  # setup.py changes into its folder; restored after the test
+    ns = {"__file__": str(SETUP), "__name__": "opsrc_setup_under_test"}
+    exec(compile(src[: src.index("_FE, _FE_WHY = _cudnn_frontend()")], str(SETUP), "exec"), ns)
+    return ns
+
+
+def _touch(path: pathlib.Path) -> pathlib.Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("")
+    return path
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    """A site-packages with torch's nvidia/cudnn headers and library, first on sys.path."""
+    s = tmp_path / "site"
+    _touch(s / "nvidia" / "cudnn" / "include" / "cudnn.h")
+    _touch(s / "nvidia" / "cudnn" / "lib" / "libcudnn.so.9")
+    monkeypatch.setattr(sys, "path", [str(s)] + sys.path)
+    monkeypatch.delenv("CUDADOCTOR_OPS_CUDNN_FE", raising=False)
+    return s
+
+
+def test_frontend_headers_from_the_environment_variable(tmp_path, site, monkeypatch):
+    ns = _helpers(monkeypatch)
+    fe = tmp_path / "frontend" / "include"
+    _touch(fe / "cudnn_frontend.h")
+    monkeypatch.setenv("CUDNN_FRONTEND_INCLUDE", str(fe))
+    settings, why = ns["_cudnn_frontend"]()
+    assert settings is not None, why
+    assert settings["include_dirs"][:2] == [str(fe), str(site / "nvidia" / "cudnn" / "include")]
+    assert settings["libraries"] == [":libcudnn.so.9"] and settings["extra_link_args"] == []
+    assert why == f"frontend headers in {fe}"
+
+    monkeypatch.setenv("CUDADOCTOR_OPS_CUDNN_FE", "0")
+    assert ns["_cudnn_frontend"]() == (None, "CUDADOCTOR_OPS_CUDNN_FE=0")
+
+
+def test_a_frontend_calling_nvrtc_links_it_with_a_run_path_next_to_torch(tmp_path, site, monkeypatch):
+    ns = _helpers(monkeypatch)
+    fe = tmp_path / "frontend" / "include"
+    _touch(fe / "cudnn_frontend.h")
+    _touch(fe / "cudnn_frontend" / "experimental" / "nvrtc_shim.h")
+    monkeypatch.setenv("CUDNN_FRONTEND_INCLUDE", str(fe))
+    # no libnvrtc anywhere (only this site on the path, no toolkit): no kernel, and the reason says so
+    monkeypatch.setattr(sys, "path", [str(site)])
+    monkeypatch.setitem(ns, "CUDA_HOME", str(tmp_path / "no-toolkit"))
+    settings, why = ns["_cudnn_frontend"]()
+    assert settings is None and "needs NVRTC" in why
+    _touch(site / "nvidia" / "cu13" / "lib" / "libnvrtc.so.13")
+    settings, why = ns["_cudnn_frontend"]()
+    assert settings is not None, why
+    assert settings["libraries"] == [":libcudnn.so.9", ":libnvrtc.so.13"]
+    assert str(site / "nvidia" / "cu13" / "lib") in settings["library_dirs"]
+    assert settings["extra_link_args"] == ["-Wl,-rpath,$ORIGIN/../nvidia/cu13/lib"]
+
+
+def test_missing_pieces_are_named(tmp_path, monkeypatch):
+    ns = _helpers(monkeypatch)
+    monkeypatch.delenv("CUDADOCTOR_OPS_CUDNN_FE", raising=False)
+    monkeypatch.setenv("CUDNN_FRONTEND_INCLUDE", str(tmp_path / "nowhere"))
+    settings, why = ns["_cudnn_frontend"]()
+    assert settings is None and why == f"no cudnn_frontend.h in CUDNN_FRONTEND_INCLUDE={tmp_path / 'nowhere'}"
+    fe = tmp_path / "frontend" / "include"
+    _touch(fe / "cudnn_frontend.h")
+    monkeypatch.setenv("CUDNN_FRONTEND_INCLUDE", str(fe))
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "empty-site")])
+    settings, why = ns["_cudnn_frontend"]()
+    assert settings is None and "libcudnn.so.9" in why
