@@ -8,7 +8,8 @@ a sync: what the CPU spends enqueuing), and the kernels one call launches with t
 durations from torch.profiler. Prints plain text. cbrstats: Conv+BN+ReLU's training forward with
 the batch statistics from cuDNN's convolution (CUDADOCTOR_OPS_CBR_CUDNN_STATS=1, needs
 nvidia-cudnn-frontend) against the default forward, both ours. cbrnchw: the float32 NCHW
-ResNet-50 layers whose BatchNorm cannot take the one-launch kernel (output H*W % 8 != 0).
+ResNet-50 layers whose BatchNorm cannot take the one-launch kernel (output H*W % 8 != 0), and
+BatchNorm alone on two of those outputs.
 """
 
 from __future__ import annotations
@@ -180,6 +181,9 @@ def cbrnchw() -> None:
                 ((64, 512, 7, 7, 512), 1, torch.float32, False),
                 ((64, 256, 28, 28, 256), 2, torch.float32, False),
                 ((64, 128, 28, 28, 128), 1, torch.float32, False)])
+    # BatchNorm alone on the same outputs (no mask): how its NCHW kernels fare at H*W % 8 != 0
+    for shape in [(64, 256, 14, 14), (64, 512, 7, 7)]:
+        bn_case(shape, torch.float32, False, with_eval=False)
 
 
 def with_env(var: str, value: str, fn):

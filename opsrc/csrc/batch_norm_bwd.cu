@@ -726,14 +726,16 @@ bool launch_fused_backward(const Layout& l, const T* x, const T* g, T* dx,
 // statistics), thread 0 finishes the channel (parameter grads, coef), then grad_input is written
 // from shared memory: 3x the tensor's bytes instead of 5x, one launch, no workspace. For channels
 // whose x plus grad_out fit kBwdSingleReadMaxBytes and at least one channel per SM.
+// M: the ReLU gradient from Conv+BN+ReLU's bit mask (see mask_bits); shared memory then holds
+// grad_out with the mask applied.
 constexpr int kBwdSingleReadThreads = 512;
 constexpr int64_t kBwdSingleReadMaxBytes = int64_t(112) << 10;
 
-template <typename T, int V>
+template <typename T, int V, bool M = false>
 __global__ void __launch_bounds__(kBwdSingleReadThreads, 2)
     bn_bwd_singleread_nchw(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
                            BwdArgs<typename Acc<T>::type> f, int64_t N, int64_t C, int64_t HW,
-                           bool relu) {
+                           bool relu, const uint8_t* __restrict__ mask = nullptr) {
   using A = typename Acc<T>::type;
   extern __shared__ __align__(16) unsigned char bsr_smem[];
   const int64_t packs = N * (HW / V);
@@ -752,27 +754,32 @@ __global__ void __launch_bounds__(kBwdSingleReadThreads, 2)
     NchwWalk w(j, stride, c, C, HW, V);
     for (; j < packs; j += U * stride) {
       Pack<T, V> px[U], pg[U];
+      unsigned bits[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
+        bits[u] = 0;
         if (j + u * stride < packs) {
           px[u] = *reinterpret_cast<const Pack<T, V>*>(x + w.off);
           pg[u] = *reinterpret_cast<const Pack<T, V>*>(dy + w.off);
+          if constexpr (M) bits[u] = mask_bits<V>(mask, w.off);
         }
         w.advance();
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         if (j + u * stride < packs) {
-          *reinterpret_cast<Pack<T, V>*>(sx + (j + u * stride) * V) = px[u];
-          *reinterpret_cast<Pack<T, V>*>(sg_ + (j + u * stride) * V) = pg[u];
 #pragma unroll
           for (int i = 0; i < V; ++i) {
             const A cx = static_cast<A>(px[u].v[i]) - pre.mean;
-            const A g = masked(static_cast<A>(pg[u].v[i]), cx, pre.a, pre.e, relu);
+            const A g = gate<M>(static_cast<A>(pg[u].v[i]), cx, pre.a, pre.e, relu, mask,
+                                bits[u], i);
+            if constexpr (M) pg[u].v[i] = static_cast<T>(g);  // dy or 0: exact
             sg += g;
             sgc += g * cx;
             sc += cx;
           }
+          *reinterpret_cast<Pack<T, V>*>(sx + (j + u * stride) * V) = px[u];
+          *reinterpret_cast<Pack<T, V>*>(sg_ + (j + u * stride) * V) = pg[u];
         }
       }
     }
@@ -793,7 +800,7 @@ __global__ void __launch_bounds__(kBwdSingleReadThreads, 2)
 #pragma unroll
       for (int i = 0; i < V; ++i) {
         const A cx = static_cast<A>(px.v[i]) - mean;
-        const A g = masked(static_cast<A>(pg.v[i]), cx, a, e, relu);
+        const A g = M ? static_cast<A>(pg.v[i]) : masked(static_cast<A>(pg.v[i]), cx, a, e, relu);
         o.v[i] = static_cast<T>(a * g + B * cx + D);
       }
       *reinterpret_cast<Pack<T, V>*>(dx + w.off) = o;
@@ -802,11 +809,11 @@ __global__ void __launch_bounds__(kBwdSingleReadThreads, 2)
   }
 }
 
-// Tries the single-read contiguous backward; false when it does not apply.
-template <typename T, int V>
+// Tries the single-read contiguous backward; false when it does not apply. M: with the mask.
+template <typename T, int V, bool M = false>
 bool launch_bwd_singleread_nchw(const Layout& l, const T* x, const T* g, T* dx,
                                 const BwdArgs<typename Acc<T>::type>& f, bool relu, int device,
-                                cudaStream_t stream) {
+                                cudaStream_t stream, const uint8_t* mask = nullptr) {
   const int setting = singleread_setting();
   if (setting == 0 || l.nhwc) return false;
   const int64_t bytes = 2 * l.N * l.HW * int64_t(sizeof(T));
@@ -815,14 +822,14 @@ bool launch_bwd_singleread_nchw(const Layout& l, const T* x, const T* g, T* dx,
   if (l.C > int64_t(INT32_MAX) || device < 0 || device >= 64) return false;
   static bool attr_set[64] = {false};  // per instantiation and device
   if (!attr_set[device]) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(bn_bwd_singleread_nchw<T, V>,
+    C10_CUDA_CHECK(cudaFuncSetAttribute(bn_bwd_singleread_nchw<T, V, M>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(kBwdSingleReadMaxBytes)));
     attr_set[device] = true;
   }
   const int threads = singleread_threads(l.N * l.HW);
-  bn_bwd_singleread_nchw<T, V><<<static_cast<unsigned>(l.C), threads, size_t(bytes), stream>>>(
-      x, g, dx, f, l.N, l.C, l.HW, relu);
+  bn_bwd_singleread_nchw<T, V, M><<<static_cast<unsigned>(l.C), threads, size_t(bytes), stream>>>(
+      x, g, dx, f, l.N, l.C, l.HW, relu, mask);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return true;
 }
@@ -865,8 +872,9 @@ void launch_backward(const Layout& l, const at::Tensor& dy, const at::Tensor& dx
   f.gbkind = param_kind(gb);
   f.mask = mask;
   const bool need_x = training || relu || mask != nullptr;
-  if (need_reduce && dx.defined() && mask == nullptr &&
-      launch_bwd_singleread_nchw<T, V>(l, x, g, dx.data_ptr<T>(), f, relu, device, stream)) {
+  if (need_reduce && dx.defined() && (M || mask == nullptr) &&
+      launch_bwd_singleread_nchw<T, V, M>(l, x, g, dx.data_ptr<T>(), f, relu, device, stream,
+                                          mask)) {
     return;
   }
   if (need_reduce && dx.defined() &&

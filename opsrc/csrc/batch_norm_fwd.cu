@@ -1116,23 +1116,39 @@ __global__ void __launch_bounds__(kThreads)
 // channel (saved statistics, running statistics), then y is written from shared memory. No
 // workspace, no grid barrier, 2x the tensor's bytes instead of 3x. For channels of at most
 // kSingleReadMaxBytes and at least one channel per SM.
+//
+// M: also the ReLU mask (relu must be true), in Conv+BN+ReLU's layout: bit e % 32 of 32-bit word
+// e / 32 is set when element e of y (memory order) is > 0, for any H*W. The block gathers the
+// bits of each of its N rows (n, c) in shared memory, in the 32-bit words of the mask that the
+// row covers (`wr` words per row: at most (H*W + 30) / 32 + 1), then stores each word: with a
+// plain store when the row covers all of it, else with atomicOr, as the rows of the neighbouring
+// channels share it (the caller zeroes the mask first when H*W % 32 != 0). The mask must hold
+// whole words: 4-byte aligned, at least 4 * ceil(numel / 32) bytes.
 constexpr int kSingleReadThreads = 512;
 constexpr int64_t kSingleReadMaxBytes = int64_t(112) << 10;
 
-template <typename T, int V>
+// Words of the mask that one row of hw elements can touch, wherever it starts.
+inline int64_t mask_words_per_row(int64_t hw) { return (hw + 30) / 32 + 1; }
+
+template <typename T, int V, bool M = false>
 __global__ void __launch_bounds__(kSingleReadThreads, 2)
     bn_singleread_nchw(const T* __restrict__ x, T* __restrict__ y,
                        FwdArgs<typename Acc<T>::type> f, int64_t N, int64_t C, int64_t HW,
-                       bool relu) {
+                       bool relu, uint32_t* __restrict__ mask = nullptr, int wr = 0) {
   using A = typename Acc<T>::type;
   extern __shared__ __align__(16) unsigned char sr_smem[];
   T* s = reinterpret_cast<T*>(sr_smem);  // [N * HW]: element n * HW + h of channel c
+  // M: [N * wr] mask words of the block's rows, after the values (16-byte aligned)
+  uint32_t* sm = reinterpret_cast<uint32_t*>(sr_smem + ((N * HW * int64_t(sizeof(T)) + 15) & ~int64_t(15)));
   __shared__ A red[kSingleReadThreads / 32];
   __shared__ A coef[3];
   const int64_t c = blockIdx.x;
   const int64_t packs = N * (HW / V);
   const int64_t stride = blockDim.x;
   const A K = static_cast<A>(x[c * HW]);
+  if constexpr (M) {  // ordered before the atomics below by the barriers of block_sum
+    for (int64_t k = threadIdx.x; k < N * wr; k += stride) sm[k] = 0u;
+  }
   // load into shared memory, summing x - K
   A sum = 0;
   int64_t j = threadIdx.x;
@@ -1186,32 +1202,73 @@ __global__ void __launch_bounds__(kSingleReadThreads, 2)
       for (int i = 0; i < V; ++i)
         o.v[i] = static_cast<T>(act((static_cast<A>(p.v[i]) - Kc) * a + b, relu));
       *reinterpret_cast<Pack<T, V>*>(y + w.off) = o;
+      if constexpr (M) {
+        // bit position of the pack in its row's words: the row starts at bit g0 of the mask
+        // (32-bit: the channel's N * H*W values fit in shared memory)
+        const int h = static_cast<int>(w.h) * V;
+        const int n = static_cast<int>(j) / static_cast<int>(HW / V);
+        const int pos = static_cast<int>((w.off - h) & 31) + h;
+        unsigned long long bits = 0;
+#pragma unroll
+        for (int i = 0; i < V; ++i)
+          bits |= (static_cast<A>(o.v[i]) > A(0) ? 1ull : 0ull) << i;
+        bits <<= (pos & 31);
+        uint32_t* row = sm + n * wr + (pos >> 5);
+        if (static_cast<uint32_t>(bits) != 0u) atomicOr(row, static_cast<uint32_t>(bits));
+        if ((bits >> 32) != 0ull) atomicOr(row + 1, static_cast<uint32_t>(bits >> 32));
+      }
       w.advance();
+    }
+  }
+  if constexpr (M) {
+    __syncthreads();
+    for (int64_t k = threadIdx.x; k < N * wr; k += stride) {
+      const int64_t n = k / wr;
+      const int64_t g0 = (n * C + c) * HW;  // the row's first bit
+      const int64_t wg = (g0 >> 5) + (k - n * wr);
+      if (wg > ((g0 + HW - 1) >> 5)) continue;  // past the row's last word
+      const uint32_t v = sm[k];
+      if (wg * 32 >= g0 && wg * 32 + 32 <= g0 + HW) {
+        mask[wg] = v;  // the row covers the whole word
+      } else if (v != 0u) {
+        atomicOr(mask + wg, v);
+      }
     }
   }
 }
 
-// Tries the single-read contiguous training forward; false when it does not apply.
-template <typename T, int V>
+// Tries the single-read contiguous training forward; false when it does not apply (nothing
+// launched). M: with the ReLU mask (see the kernel; mask: numel bytes, zeroed here when rows
+// share words).
+template <typename T, int V, bool M = false>
 bool launch_singleread_nchw(const Layout& l, const T* x, T* y, const FwdArgs<typename Acc<T>::type>& f,
-                            bool relu, int device, cudaStream_t stream) {
+                            bool relu, int device, cudaStream_t stream, uint8_t* mask = nullptr,
+                            int64_t mask_numel = 0) {
   const int setting = singleread_setting();
   if (setting == 0) return false;
-  const int64_t bytes = l.N * l.HW * int64_t(sizeof(T));
+  int64_t bytes = l.N * l.HW * int64_t(sizeof(T));
   if (bytes > kSingleReadMaxBytes || bytes == 0) return false;
   if (setting < 0 && l.C < sm_count(device)) return false;
   if (l.C > int64_t(INT32_MAX)) return false;
+  const int64_t wr = M ? mask_words_per_row(l.HW) : 0;
+  if constexpr (M) {
+    const int64_t words = (l.N * l.C * l.HW + 31) / 32;
+    if (reinterpret_cast<uintptr_t>(mask) % 4 != 0 || mask_numel < 4 * words) return false;
+    bytes = ((bytes + 15) & ~int64_t(15)) + l.N * wr * 4;
+    if (bytes > kSingleReadMaxBytes) return false;
+  }
   static bool attr_set[64] = {false};  // per instantiation and device
   if (device < 0 || device >= 64) return false;
   if (!attr_set[device]) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(bn_singleread_nchw<T, V>,
+    C10_CUDA_CHECK(cudaFuncSetAttribute(bn_singleread_nchw<T, V, M>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(kSingleReadMaxBytes)));
     attr_set[device] = true;
   }
+  if (M && l.HW % 32 != 0) C10_CUDA_CHECK(cudaMemsetAsync(mask, 0, size_t(mask_numel), stream));
   const int threads = singleread_threads(l.N * l.HW);
-  bn_singleread_nchw<T, V><<<static_cast<unsigned>(l.C), threads, size_t(bytes), stream>>>(
-      x, y, f, l.N, l.C, l.HW, relu);
+  bn_singleread_nchw<T, V, M><<<static_cast<unsigned>(l.C), threads, size_t(bytes), stream>>>(
+      x, y, f, l.N, l.C, l.HW, relu, reinterpret_cast<uint32_t*>(mask), static_cast<int>(wr));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return true;
 }
@@ -1947,14 +2004,37 @@ void batch_norm_update_stats_cuda(const at::Tensor& running_mean, const at::Tens
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// Whether the contiguous training forward with the mask takes bn_singleread_nchw<M = true>
+// (launch_singleread_nchw's conditions, checked before anything is launched: with H*W % 8 != 0
+// nothing else can write the mask).
+bool singleread_mask_fits(const Layout& l, at::ScalarType st, const at::Tensor& mask, int device) {
+  const int setting = singleread_setting();
+  if (setting == 0 || l.C > int64_t(INT32_MAX) || device < 0 || device >= 64) return false;
+  if (setting < 0 && l.C < sm_count(device)) return false;
+  const int64_t bytes = l.N * l.HW * int64_t(c10::elementSize(st));
+  const int64_t words = (l.N * l.C * l.HW + 31) / 32;
+  if (reinterpret_cast<uintptr_t>(mask.data_ptr()) % 4 != 0 || mask.numel() < 4 * words) return false;
+  return bytes > 0 && ((bytes + 15) & ~int64_t(15)) + l.N * mask_words_per_row(l.HW) * 4 <= kSingleReadMaxBytes;
+}
+
 // Contiguous training forward with ReLU and mask (see batch_norm_relu_mask_train):
-// bn_fused_nchw<M = true> where it applies, else bn_stats_nchw -> bn_apply_nchw<M = true>.
+// bn_singleread_nchw<M = true> where it applies (16-byte packs when H*W allows them, else
+// single elements), else bn_fused_nchw<M = true>, else bn_stats_nchw -> bn_apply_nchw<M = true>
+// (these two need H*W % 8 == 0).
 template <typename T>
-void launch_train_mask_nchw(const Layout& l, const T* x, T* y, uint8_t* mask,
+void launch_train_mask_nchw(const Layout& l, const T* x, T* y, uint8_t* mask, int64_t mask_numel,
                             FwdArgs<typename Acc<T>::type>& f, const at::TensorOptions& acc_opts,
                             int device, cudaStream_t stream) {
   using A = typename Acc<T>::type;
   constexpr int V = 16 / int(sizeof(T));
+  if (l.HW % V == 0) {
+    if (launch_singleread_nchw<T, V, true>(l, x, y, f, true, device, stream, mask, mask_numel))
+      return;
+  } else if (launch_singleread_nchw<T, 1, true>(l, x, y, f, true, device, stream, mask,
+                                                mask_numel)) {
+    return;
+  }
+  TORCH_CHECK(l.HW % 8 == 0, "cudadoctor_ops: internal error: no mask kernel for H*W = ", l.HW);
   if (launch_fused_nchw<T, V, true>(l, x, y, f, acc_opts, true, device, stream, mask)) return;
   const Plan p = plan_launch(bn_stats_nchw<T, V>, false, l.N, l.C, l.HW, V, 0, device);
   at::Tensor ws = at::empty({l.C * p.splits * 3}, acc_opts);
@@ -1984,9 +2064,12 @@ bool batch_norm_relu_mask_train(const at::Tensor& x, const at::Tensor& out, cons
     // bn_tile_nhwc: 16-bit packs of 8 channels; out in x's strides
     if (st == at::kFloat || l.C % 8 != 0 || out.strides() != x.strides()) return false;
   } else {
-    // bn_fused_nchw / bn_apply_nchw with M: whole mask bytes per channel row; the cumulative
-    // average reads num_batches_tracked, which this path increments unordered
-    if (!x.is_contiguous() || !out.is_contiguous() || l.HW % 8 != 0) return false;
+    // bn_singleread_nchw with M (any H*W; see launch_train_mask_nchw), else bn_fused_nchw /
+    // bn_apply_nchw with M: whole mask bytes per channel row. The cumulative average reads
+    // num_batches_tracked, which these kernels increment unordered.
+    if (!x.is_contiguous() || !out.is_contiguous()) return false;
+    if (l.HW % 8 != 0 && !singleread_mask_fits(l, x.scalar_type(), mask, x.get_device()))
+      return false;
     if (num_batches_tracked.defined() && momentum < 0) return false;
   }
   if (out.scalar_type() != st || out.sizes() != x.sizes()) return false;
@@ -2020,15 +2103,15 @@ bool batch_norm_relu_mask_train(const at::Tensor& x, const at::Tensor& out, cons
   }
   f.nbt = nbt;
   if (st == at::kFloat) {
-    launch_train_mask_nchw<float>(l, l.x.data_ptr<float>(), out.data_ptr<float>(), mp, f,
-                                  acc_opts, device, stream);
+    launch_train_mask_nchw<float>(l, l.x.data_ptr<float>(), out.data_ptr<float>(), mp,
+                                  mask.numel(), f, acc_opts, device, stream);
   } else if (st == at::kHalf) {
-    launch_train_mask_nchw<at::Half>(l, l.x.data_ptr<at::Half>(), out.data_ptr<at::Half>(), mp, f,
-                                     acc_opts, device, stream);
+    launch_train_mask_nchw<at::Half>(l, l.x.data_ptr<at::Half>(), out.data_ptr<at::Half>(), mp,
+                                     mask.numel(), f, acc_opts, device, stream);
   } else {
     launch_train_mask_nchw<at::BFloat16>(l, l.x.data_ptr<at::BFloat16>(),
-                                         out.data_ptr<at::BFloat16>(), mp, f, acc_opts, device,
-                                         stream);
+                                         out.data_ptr<at::BFloat16>(), mp, mask.numel(), f,
+                                         acc_opts, device, stream);
   }
   return true;
 }

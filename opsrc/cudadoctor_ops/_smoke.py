@@ -207,6 +207,9 @@ def _conv_bn_relu_cases():
         _cbr_case("train_fwd", 2, 4, 8, 7, 9, 3, training=True, backward=False),
         _cbr_case("eval_fwd", 2, 4, 8, 7, 9, 3, training=False, backward=False),
         _cbr_case("train_bwd", 2, 4, 8, 7, 9, 3, training=True, backward=True),
+        # one block per channel (C >= the SM count of current GPUs) over 7x7 planes: the rows of
+        # neighbouring channels share mask words (zeroed first, then atomicOr)
+        _cbr_case("train_bwd_one_block_per_channel", 2, 4, 160, 7, 7, 3, training=True, backward=True),
         _cbr_case("train_fwd_depthwise_channels_last", 2, 8, 8, 9, 9, 3, training=True, backward=False,
                   groups=8, channels_last=True),
     ]

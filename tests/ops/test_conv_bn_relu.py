@@ -471,6 +471,11 @@ def make_block(ci, co, k, s, p, kw, dtype, cl):
     return conv, bn.to("cuda")  # float32 parameters and statistics, as under autocast
 
 
+# the BatchNorm-part kernels of the training backward recorded under r["bwd_kernels"]
+BWD_TAGS = ("bn_bwd_singleread_nchw", "bn_bwd_fused_nchw", "bn_bwd_reduce_nchw", "bn_bwd_fused_nhwc",
+            "bn_bwd_reduce_nhwc", "cbr_reduce", "cbr_grad_conv_out")
+
+
 def train_steps(conv, bn, shape, dtype, cl, steps, probe_key, probe):
     conv_r, bn_r = copy.deepcopy(conv), copy.deepcopy(bn)
     fused = ConvBNReLU2d.from_modules(conv, bn).train()
@@ -491,7 +496,11 @@ def train_steps(conv, bn, shape, dtype, cl, steps, probe_key, probe):
         r["update_kernel"].append("cbr_update_stats" in names)
         yr = F.relu(bn_r(conv_r(xr)))
         gy = torch.randn_like(yr)
-        y.backward(gy)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            y.backward(gy)
+            torch.cuda.synchronize()
+        bwd = " ".join(e.name for e in prof.events())
+        r.setdefault("bwd_kernels", []).append(sorted({k for k in BWD_TAGS if k in bwd}))
         yr.backward(gy)
         e = {"out": rel(y, yr), "gx": rel(xo.grad, xr.grad), "gw": rel(conv.weight.grad, conv_r.weight.grad)}
         if cl:
@@ -513,7 +522,8 @@ def _run_cbr_child(body: str, tile: str, cudnn_stats: bool = False) -> dict:
     other CBR / BN switches unset; the cuDNN statistics path (opt-in) on only with cudnn_stats)
     and returns the JSON of its last line."""
     env = dict(os.environ)
-    for var in (CBR_TILE_ENV, CBR_V1_ENV, "CUDADOCTOR_OPS_BN_FUSED_NCHW", CUDNN_STATS_ENV):
+    for var in (CBR_TILE_ENV, CBR_V1_ENV, "CUDADOCTOR_OPS_BN_FUSED_NCHW", "CUDADOCTOR_OPS_BN_SINGLEREAD",
+                CUDNN_STATS_ENV, CBR_BN_BWD_ENV):
         env.pop(var, None)
     if tile == "off":
         env[CBR_TILE_ENV] = "0"
@@ -807,8 +817,14 @@ cases = [
     ((1, 8, 24, 8, 8, 1, 1, 0), {}, every),  # N = 1
     ((3, 8, 7, 9, 13, 3, 1, 1), {}, every),  # H*W = 63: not a multiple of 8, the CBR kernels
     ((4, 16, 160, 160, 96, 3, 1, 1), {}, ("float32",)),  # 39 MB: statistics, then apply
+    # C >= the SM count (132 on the H200): one block per channel (bn_singleread_nchw) with the mask
+    ((2, 8, 14, 14, 136, 3, 1, 1), {}, every),  # H*W = 196: rows share mask words
+    ((8, 8, 5, 5, 140, 3, 1, 1), {}, every),  # H*W = 25: several rows in one word
+    ((4, 16, 7, 7, 160, 1, 1, 0), {"momentum": 0.3}, every),  # H*W = 49, single elements
+    ((2, 8, 8, 4, 144, 1, 1, 0), {"affine": False}, ("float32", "bfloat16")),  # H*W = 32: whole words
+    ((3, 8, 7, 7, 135, 3, 1, 1), {}, ("float32",)),  # numel % 32 != 0: the mask is not whole words
 ]
-tags = ("bn_fused_nchw", "bn_apply_nchw", "bn_stats_nchw", "cbr_apply")
+tags = ("bn_singleread_nchw", "bn_fused_nchw", "bn_apply_nchw", "bn_stats_nchw", "cbr_apply")
 out = {}
 for (n, ci, h, w, co, k, s, p), kw, dts in cases:
     for dts_ in dts:
@@ -825,6 +841,8 @@ for (n, ci, h, w, co, k, s, p), kw, dts in cases:
         bits = torch.bitwise_and(mask.to(torch.int32).unsqueeze(1) >> torch.arange(8, device="cuda"), 1)
         r["mask_ok"] = bool(torch.equal(bits.reshape(-1)[: o.numel()].bool(), o.reshape(-1) > 0))
         r["mask_bytes"] = [mask.numel(), (o.numel() + 7) // 8]
+        r["out_shape"] = list(o.shape)
+        r["sms"] = torch.cuda.get_device_properties(0).multi_processor_count
         out[key] = r
 print(json.dumps(out))
 """
@@ -836,22 +854,34 @@ print(json.dumps(out))
 def test_nchw_forward_on_batch_norm_kernels_matches_torch(tile):
     """Two training steps of ConvBNReLU2d on contiguous (NCHW) float32 / float16 / bfloat16 against
     Conv2d -> BatchNorm2d -> ReLU: output, running statistics, num_batches_tracked and every
-    gradient, and the op's mask bit for bit against out > 0. Default: wherever H*W % 8 == 0 (and
-    not the cumulative average) the forward runs BatchNorm's kernels with the mask, bn_fused_nchw
-    up to 32 MB and bn_stats_nchw -> bn_apply_nchw above, the running statistics in the same
-    launch (no cbr_update_stats); elsewhere, and with CUDADOCTOR_OPS_CBR_TILE=0, the CBR kernels."""
+    gradient, and the op's mask bit for bit against out > 0. Default (not the cumulative
+    average): with at least one output channel per SM and a channel that fits in shared memory,
+    bn_singleread_nchw with the mask for any H*W (the mask must hold whole 32-bit words:
+    numel % 32 == 0 here), and the backward on bn_bwd_singleread_nchw with the mask; else,
+    wherever H*W % 8 == 0, bn_fused_nchw up to 32 MB and bn_stats_nchw -> bn_apply_nchw above,
+    the running statistics in the same launch (no cbr_update_stats); elsewhere, and with
+    CUDADOCTOR_OPS_CBR_TILE=0, the CBR kernels."""
     res = _run_cbr_child(_CBR_NCHW_CHILD, tile)
-    assert len(res) == 22, sorted(res)
+    assert len(res) == 34, sorted(res)
+    singleread_seen = 0
     for key, r in res.items():
         dtype = getattr(torch, key.split("-")[0])
-        fits = "x7x9-" not in key  # H*W % 8 == 0
+        n, c, h, w = r["out_shape"]
+        hw, numel = h * w, n * c * h * w
         cumulative = "'momentum': None" in key
         tracked = "track_running_stats" not in key
         big = "x160x160-" in key
+        chan_bytes = (n * hw * dtype.itemsize + 15) // 16 * 16 + n * ((hw + 30) // 32 + 1) * 4
+        singleread = c >= r["sms"] and chan_bytes <= 112 * 1024 and numel % 32 == 0
         assert r["mask_ok"], f"{key}: mask bits differ from out > 0"
         assert r["mask_bytes"][0] == r["mask_bytes"][1], (key, r["mask_bytes"])
         for step, ks in enumerate(r["kernels"]):
-            if tile == "default" and fits and not cumulative:
+            if tile == "default" and not cumulative and singleread:
+                singleread_seen += 1
+                assert ks == ["bn_singleread_nchw"], (key, step, ks)
+                assert r["bwd_kernels"][step] == ["bn_bwd_singleread_nchw"], (key, step, r["bwd_kernels"])
+                assert not r["update_kernel"][step], f"{key}: the running statistics took a separate kernel"
+            elif tile == "default" and hw % 8 == 0 and not cumulative:
                 want = ["bn_apply_nchw", "bn_stats_nchw"] if big else ["bn_fused_nchw"]
                 assert ks == want, (key, step, ks)
                 assert not r["update_kernel"][step], f"{key}: the running statistics took a separate kernel"
@@ -859,6 +889,8 @@ def test_nchw_forward_on_batch_norm_kernels_matches_torch(tile):
                 assert ks == ["cbr_apply"], (key, step, ks)
                 assert r["update_kernel"][step] == tracked, (key, step, r["update_kernel"])
         _check_steps(key, r, 2, TOL[dtype], tracked)
+    if tile == "default" and res[next(iter(res))]["sms"] <= 136:
+        assert singleread_seen == 2 * 14, singleread_seen  # C >= 136 and numel % 32 == 0: 14 cases
 
 
 @pytest.mark.parametrize("device", DEVICES)
