@@ -1,6 +1,6 @@
 """Kernel-level breakdown of cudadoctor_ops against torch on a few cases, for tuning.
 
-    python scripts/gpu_profile.py [bn] [cbr] [cbrnchw] [dw] [cbrstats] [bnmiss] [dwt]
+    python scripts/gpu_profile.py [bn] [cbr] [cbrnchw] [cbrbf16] [dw] [cbrstats] [bnmiss] [dwt]
 
 Per case and side (ours / torch): the GPU time of one call from CUDA events with an L2 flush
 before it (as the bench measures), the host time of one call (perf_counter over 200 calls without
@@ -186,6 +186,14 @@ def cbrnchw() -> None:
         bn_case(shape, torch.float32, False, with_eval=False)
 
 
+def cbrbf16() -> None:
+    """ResNet-50's bfloat16 channels-last 3x3 layers with 14x14 and 7x7 outputs (below the 1.3x /
+    1.2x training targets in CUDA graphs on the H200)."""
+    _cbr_cases([((64, 256, 14, 14, 256), 1, torch.bfloat16, True),
+                ((64, 512, 7, 7, 512), 1, torch.bfloat16, True),
+                ((64, 512, 14, 14, 512), 2, torch.bfloat16, True)])
+
+
 def with_env(var: str, value: str, fn):
     """fn with os.environ[var] = value around each call (for switches read at every call)."""
     def run():
@@ -240,5 +248,5 @@ if __name__ == "__main__":
     print(torch.__version__, torch.cuda.get_device_name())
     torch.backends.cudnn.benchmark = True
     for part in sys.argv[1:] or ["bn", "cbr", "dw"]:
-        {"bn": bn, "cbr": cbr, "cbrnchw": cbrnchw, "dw": dw, "cbrstats": cbrstats, "bnmiss": bnmiss,
+        {"bn": bn, "cbr": cbr, "cbrnchw": cbrnchw, "cbrbf16": cbrbf16, "dw": dw, "cbrstats": cbrstats, "bnmiss": bnmiss,
          "dwt": dwt}[part]()

@@ -1,7 +1,7 @@
 """Kernel choices of cudadoctor_ops timed side by side, one child process per environment setting
 (the switches are read once per process), against torch in the same child.
 
-    python scripts/gpu_variants.py [bn] [cbr] [dw] [dwb]
+    python scripts/gpu_variants.py [bn] [cbr] [cbrb] [dw] [dwb]
 
     bn   BatchNorm channels_last training forward (CUDADOCTOR_OPS_BN_NHWC_TILE_STASH=0, _ONCE=0)
     bnf  the same forward, eager and CUDA-graph replay, on the shapes of the three-kernel path
@@ -16,6 +16,9 @@
          (one warp per channel in the finalize)
     cbr  Conv+BN+ReLU training forward and fwd+bwd, channels_last 16-bit (CUDADOCTOR_OPS_BN_NHWC_TILE_WIDE=0,
          _STASH=0, CUDADOCTOR_OPS_CBR_TILE=0)
+    cbrb Conv+BN+ReLU fwd+bwd in CUDA-graph replay on the bfloat16 channels-last blocks of CBR_CASES
+         (CUDADOCTOR_OPS_BN_FUSED_BWD=0: the masked backward as reduce -> finalize -> apply instead of
+         the one-launch kernel)
     cbrs the same on the bench's fp16 and bf16 blocks, eager, CUDA-graph replay and host time per
          call, with the batch statistics from cuDNN's convolution epilogue
          (CUDADOCTOR_OPS_CBR_CUDNN_STATS=1; with CUDADOCTOR_OPS_CBR_SUMS_FUSED=0 the finalize +
@@ -60,6 +63,7 @@ CBR_CASES = [((32, 64, 56, 56), 64, "float16"), ((64, 128, 28, 28), 128, "bfloat
              ((64, 512, 7, 7), 512, "bfloat16")]
 CBR_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_NHWC_TILE_WIDE": "0"}, {"CUDADOCTOR_OPS_BN_NHWC_TILE_STASH": "0"},
                 {"CUDADOCTOR_OPS_CBR_TILE": "0"}]
+CBRB_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_FUSED_BWD": "0"}]
 CBRS_SETTINGS = [{}, {"CUDADOCTOR_OPS_CBR_CUDNN_STATS": "1"},
                  {"CUDADOCTOR_OPS_CBR_CUDNN_STATS": "1", "CUDADOCTOR_OPS_CBR_SUMS_FUSED": "0"}]
 DW_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_V4_CFG": "1"}, {"CUDADOCTOR_OPS_DW_V4_CFG": "3"}]
@@ -175,6 +179,13 @@ def _child(part: str) -> None:
 
             out.append([f"cbr fwd+bwd {shape}->{k} {dts} nhwc", timer(fb(fused)), timer(fb(ref)),
                         e < 2e-2])
+    elif part == "cbrb":
+        from cudadoctor_ops.bench_cbr import graph_ms
+
+        for shape, k, dts, fused, ref, x, xg, g, e in _cbr_blocks(CBR_CASES[1:], err):
+            fb_o, fb_r = (lambda: fused(xg).backward(g)), (lambda: ref(xg).backward(g))
+            out.append([f"cbr fwd+bwd {shape}->{k} {dts} nhwc (graph)", graph_ms(timer, fb_o) or float("nan"),
+                        graph_ms(timer, fb_r) or float("nan"), e < 2e-2])
     elif part == "cbrs":
         from cudadoctor_ops import cudnn_stats
         from cudadoctor_ops.bench_cbr import graph_ms
@@ -280,7 +291,7 @@ def main(argv: list[str]) -> int:
     parts = argv or ["bn", "cbr", "dw", "dwb"]
     for part in parts:
         settings = {"bn": BN_SETTINGS, "bnf": BNF_SETTINGS, "bns": BNS_SETTINGS, "bnp": BNP_SETTINGS, "bnnr": BNNR_SETTINGS,
-                    "cbr": CBR_SETTINGS, "cbrs": CBRS_SETTINGS,
+                    "cbr": CBR_SETTINGS, "cbrb": CBRB_SETTINGS, "cbrs": CBRS_SETTINGS,
                     "dw": DW_SETTINGS, "dwn": DWN_SETTINGS,
                     "dwb": DWB_SETTINGS, "dww": DWW_SETTINGS}[part]
         results = [(_label(env), _run(part, env)) for env in settings]
