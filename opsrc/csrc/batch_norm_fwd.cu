@@ -1213,6 +1213,9 @@ __global__ void __launch_bounds__(kSingleReadThreads, 2)
         for (int i = 0; i < V; ++i)
           bits |= (static_cast<A>(o.v[i]) > A(0) ? 1ull : 0ull) << i;
         bits <<= (pos & 31);
+        // One shared atomic per pack. ORing the bits of the lanes that fill the same word first
+        // (__match_any_sync + __reduce_or_sync, one atomic per word and warp) was slower on the
+        // H200: (64,256,14,14) float32 16.6 against 11.6 us, (64,512,7,7) 14.7 against 11.7 us.
         uint32_t* row = sm + n * wr + (pos >> 5);
         if (static_cast<uint32_t>(bits) != 0u) atomicOr(row, static_cast<uint32_t>(bits));
         if ((bits >> 32) != 0ull) atomicOr(row + 1, static_cast<uint32_t>(bits >> 32));
