@@ -42,10 +42,6 @@ def h200_facts(candidates=True):
             "torch": {"version": "2.14.1+cu130", "cuda": "13.0"}, "toolkits": [{"root": "/usr/local/cuda", "nvcc": "13.0.88"}]}
 
 
-def wheel(tmp: Path, members: dict[str, Path]) -> Path:
-    return make_wheel(tmp, members)
-
-
 # --- before the build -------------------------------------------------------------------------
 
 
@@ -132,8 +128,8 @@ def test_build_log_names_the_swap_and_the_build_sees_it(tmp_path):
 
 
 def test_verify_fails_a_wheel_with_its_own_cxx_runtime(tmp_path):
-    whl = wheel(tmp_path, {"demo_ops/_C.so": BIN / "libkern_sm86_sm89_ptx89.so",
-                           "demo_ops/libhelper.so": BIN / "libstatic_rt.so"})
+    whl = make_wheel(tmp_path, {"demo_ops/_C.so": BIN / "libkern_sm86_sm89_ptx89.so",
+                                "demo_ops/libhelper.so": BIN / "libstatic_rt.so"})
     with pytest.raises(RefusedError) as e:
         verify(whl, ["sm_86", "sm_89"], ["compute_89"])
     msg = str(e.value)
@@ -145,8 +141,8 @@ def test_verify_fails_a_wheel_with_its_own_cxx_runtime(tmp_path):
 
 
 def test_verify_passes_a_wheel_linked_against_libstdcxx_so(tmp_path):
-    whl = wheel(tmp_path, {"demo_ops/_C.so": BIN / "libkern_sm86_sm89_ptx89.so",
-                           "demo_ops/libhelper.so": BIN / "libshared_rt.so"})
+    whl = make_wheel(tmp_path, {"demo_ops/_C.so": BIN / "libkern_sm86_sm89_ptx89.so",
+                                "demo_ops/libhelper.so": BIN / "libshared_rt.so"})
     assert verify(whl, ["sm_86"], [])
     assert R.static_runtime_objects(whl) == {}
 

@@ -159,6 +159,19 @@ def test_uncompilable_source_shows_compiler_error_and_keeps_log(base_image, clie
     assert labelled(client) == []
 
 
+def stop_build(proc, client, grace: float) -> None:
+    """A Ctrl-C to the build if it still runs, `grace` seconds for it to end, then kill; and no
+    container of this session left to the tests that follow."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    for c in labelled(client):
+        c.remove(force=True)
+
+
 def test_ctrl_c_removes_the_build_container(base_image, client, tmp_path):
     env = session_env()
     proc = subprocess.Popen(
@@ -190,25 +203,14 @@ def test_ctrl_c_removes_the_build_container(base_image, client, tmp_path):
         assert not mounts["/build"].get("ReadOnly", False)
         time.sleep(3)  # let the build start inside the container
     except BaseException:
-        # stop the build and leave no container to the tests that follow
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        for c in labelled(client):
-            c.remove(force=True)
+        stop_build(proc, client, grace=120)
         raise
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
     try:
         _, err = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        for c in labelled(client):  # do not leave the container to the tests that follow
-            c.remove(force=True)
+        stop_build(proc, client, grace=0)
         raise
     assert proc.returncode == 130, err[-3000:]
     assert "interrupted" in err and "Traceback" not in err
