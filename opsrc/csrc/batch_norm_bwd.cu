@@ -647,6 +647,208 @@ __global__ void __launch_bounds__(kThreads, FusedNhwcMinBlocks<T, V>::value)
   }
 }
 
+// ---- bn_bwd_tile_nhwc: the channel-tiled, register-resident channels-last backward ----
+//
+// One cooperative launch with ONE grid barrier, laid out as bn_tile_nhwc (the forward): channels
+// in tiles of CT, TX = CT / V packs of V = 8 channels (16-bit types), block (TX, TY = 256 / TX),
+// grid (tiles, splits); thread (tx, ty) of block (tile, s) owns pack cv = tile * TX + tx in rows
+// r_k = s * TY + ty + k * splits * TY, k < BwdTileMaxR (the launcher keeps every row some
+// thread's).
+//   Phase 1: the thread loads all its packs of x and grad_out (and mask bytes) at once, keeps them
+//   in registers (grad_out with the mask applied, M) and sums g, g * c, c (c = x - save_mean) per
+//   channel; the block adds its rows (shuffles inside each warp, then the warps' sums through
+//   shared memory in a fixed order) into one partial per channel, ws [tiles][splits][3][CT].
+//   Grid barrier.
+//   Phase 2: EVERY block adds the `splits` partials of its own tile in one fixed order (so the
+//   blocks of a tile compute the same coefficients bit for bit) and finishes its channels with
+//   finish_bwd_channel; only the blocks with s == 0 store grad_weight / grad_bias.
+//   Phase 3: grad_input = A * g + B * c + D from the packs still in registers.
+// Against bn_bwd_fused_nhwc: one grid barrier instead of two, no warp-per-channel finishing
+// phase over the whole grid, x and grad_out read from memory once. For the gradient of a ReLU
+// only the mask (M) is taken: the ReLU test recomputed from x (BatchNorm's activation="relu")
+// stays on the other kernels.
+constexpr int kBwdTileThreads = 256;
+// Rows (a pack of x and one of grad_out each) a thread holds: 8 (ptxas, sm_90: 127-128 registers,
+// no spills), 6 for bfloat16 with the mask (124 bytes spilled at 8, 6 at 6).
+template <typename T, bool M>
+struct BwdTileMaxR {
+  static constexpr int value = (M && std::is_same<T, c10::BFloat16>::value) ? 6 : 8;
+};
+constexpr int kBwdTileMB = 8;     // partials a thread loads at once in phase 2
+constexpr int kBwdTileMaxSplits = 256;
+
+// For every channel j < CT: adds the P sums red[k][j][0 .. P-1] (k: sum g, sum g * c, sum c), P
+// consecutive lanes per channel (P divides 32) and a shuffle tree in a fixed order; emit(j, s0,
+// s1, s2) runs on the first lane of the channel's lanes. Every thread of the block calls it
+// (CT * P is a multiple of 32: the loop is warp-uniform). The sums' counterpart of
+// tile_merge_slots (bn_tile_nhwc's Welford merges).
+template <typename A, int CT, int P, int THREADS, int P1, typename F>
+__device__ __forceinline__ void tile_sum_slots(const A (&red)[3][CT][P1], int tid, F&& emit) {
+  static_assert(32 % P == 0 && (CT * P) % 32 == 0 && P < P1, "slots of tile_sum_slots");
+  for (int q = tid; q < CT * P; q += THREADS) {
+    const int j = q / P, w = q % P;
+    A s0 = red[0][j][w], s1 = red[1][j][w], s2 = red[2][j][w];
+#pragma unroll
+    for (int o = P / 2; o > 0; o >>= 1) {
+      s0 += __shfl_down_sync(0xffffffffu, s0, o);
+      s1 += __shfl_down_sync(0xffffffffu, s1, o);
+      s2 += __shfl_down_sync(0xffffffffu, s2, o);
+    }
+    if (w == 0) emit(j, s0, s1, s2);
+  }
+}
+
+template <typename T, int CT, bool M>
+__global__ void __launch_bounds__(kBwdTileThreads, 2)
+    bn_bwd_tile_nhwc(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
+                     BwdArgs<typename Acc<T>::type> f, typename Acc<T>::type* ws, int64_t R,
+                     int64_t C) {
+  using A = typename Acc<T>::type;
+  constexpr int THREADS = kBwdTileThreads;
+  constexpr int MAXR = BwdTileMaxR<T, M>::value;
+  constexpr int V = 16 / int(sizeof(T));
+  constexpr int TX = CT / V;
+  constexpr int TY = THREADS / TX;
+  constexpr int W = THREADS / 32;  // warps: phase 1's partials per channel
+  constexpr int G = THREADS / CT;  // thread groups of phase 2, one partial per channel each
+  constexpr int P1 = (W > G ? W : G) + 1;
+  static_assert(CT % V == 0 && 32 % TX == 0 && THREADS % CT == 0, "bn_bwd_tile_nhwc shape");
+  __shared__ A red[3][CT][P1];
+  __shared__ A coef[3][CT];  // A, B, D per channel (the mean stays in registers)
+  cg::grid_group grid = cg::this_grid();
+  const int tx = threadIdx.x;
+  const int tid = threadIdx.y * TX + tx;
+  const int lane = tid & 31, warp = tid >> 5;
+  const int tile = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
+  const int64_t cv = int64_t(tile) * TX + tx;
+  const bool active = cv < C / V;
+  const int64_t rstride = int64_t(splits) * TY;
+  const int64_t r0 = int64_t(split) * TY + threadIdx.y;
+  A* wt = ws + int64_t(tile) * splits * 3 * CT;  // this tile's partials [splits][3][CT]
+  Pack<T, V> px[MAXR], pg[MAXR];
+  A mean[V];
+
+  // ---- phase 1 ----
+  {
+    A sg[V], sgc[V], sc[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      mean[i] = active ? f.save_mean[cv * V + i] : A(0);
+      sg[i] = 0;
+      sgc[i] = 0;
+      sc[i] = 0;
+    }
+    if (active) {
+      unsigned bits[MAXR];
+#pragma unroll
+      for (int u = 0; u < MAXR; ++u) {
+        const int64_t r = r0 + u * rstride;
+        bits[u] = 0;
+        if (r < R) {
+          const int64_t off = r * C + cv * V;
+          px[u] = *reinterpret_cast<const Pack<T, V>*>(x + off);
+          pg[u] = *reinterpret_cast<const Pack<T, V>*>(dy + off);
+          if constexpr (M) bits[u] = mask_bits<V>(f.mask, off);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < MAXR; ++u) {
+        if (r0 + u * rstride < R) {
+          if constexpr (M) {
+            // the mask on the raw 32-bit words of the pack (+0.0 where the bit is clear)
+            uint32_t w[V / 2];
+            memcpy(w, &pg[u], sizeof(w));
+#pragma unroll
+            for (int k = 0; k < V / 2; ++k) {
+              const uint32_t lo = 0u - ((bits[u] >> (2 * k)) & 1u);
+              const uint32_t hi = 0u - ((bits[u] >> (2 * k + 1)) & 1u);
+              w[k] &= (lo & 0xffffu) | (hi << 16);
+            }
+            memcpy(&pg[u], w, sizeof(w));
+          }
+#pragma unroll
+          for (int i = 0; i < V; ++i) {
+            const A cx = static_cast<A>(px[u].v[i]) - mean[i];
+            const A g = static_cast<A>(pg[u].v[i]);
+            sg[i] += g;
+            sgc[i] += g * cx;
+            sc[i] += cx;
+          }
+        }
+      }
+    }
+    // the rows of the warp (lanes tx, tx + TX, ...) into lane tx
+#pragma unroll
+    for (int o = 16; o >= TX; o >>= 1) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        sg[i] += __shfl_down_sync(0xffffffffu, sg[i], o);
+        sgc[i] += __shfl_down_sync(0xffffffffu, sgc[i], o);
+        sc[i] += __shfl_down_sync(0xffffffffu, sc[i], o);
+      }
+    }
+    if (lane < TX) {  // lane == tx here (TX divides 32)
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        red[0][lane * V + i][warp] = sg[i];
+        red[1][lane * V + i][warp] = sgc[i];
+        red[2][lane * V + i][warp] = sc[i];
+      }
+    }
+    __syncthreads();
+    // the W warps' sums of each channel into the block's partial
+    tile_sum_slots<A, CT, W, THREADS, P1>(red, tid, [&](int j, A s0, A s1, A s2) {
+      store_tile_partial<CT>(wt, split, j, s0, s1, s2);
+    });
+  }
+  grid.sync();
+
+  // ---- phase 2: every block adds its tile's partials and finishes its channels ----
+  {
+    const int j = tid % CT, g = tid / CT;
+    A s0 = 0, s1 = 0, s2 = 0;
+    for_tile_partials<kBwdTileMB, CT>(wt, j, splits, g, G, [&](A p0, A p1, A p2) {
+      s0 += p0;
+      s1 += p1;
+      s2 += p2;
+    });
+    red[0][j][g] = s0;
+    red[1][j][g] = s1;
+    red[2][j][g] = s2;
+  }
+  __syncthreads();
+  tile_sum_slots<A, CT, G, THREADS, P1>(red, tid, [&](int j, A s0, A s1, A s2) {
+    const int64_t c = int64_t(tile) * CT + j;
+    A co[5] = {0, 0, 0, 0, 0};
+    if (c < C) finish_bwd_channel(f, c, s0, s1, s2, split == 0, co);
+    coef[0][j] = co[1];
+    coef[1][j] = co[2];
+    coef[2][j] = co[3];
+  });
+  __syncthreads();
+
+  // ---- phase 3: grad_input from the packs held since phase 1 ----
+  if (!active) return;
+  A a[V], B[V], D[V];
+  load_tile_coef<A, CT, V>(coef, tx, a, B, D);
+  T* dxc = dx + cv * V;
+#pragma unroll
+  for (int u = 0; u < MAXR; ++u) {
+    const int64_t r = r0 + u * rstride;
+    if (r < R) {
+      persist_opaque(px[u]);
+      persist_opaque(pg[u]);
+      Pack<T, V> o;
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const A cx = static_cast<A>(px[u].v[i]) - mean[i];
+        o.v[i] = static_cast<T>(a[i] * static_cast<A>(pg[u].v[i]) + B[i] * cx + D[i]);
+      }
+      *reinterpret_cast<Pack<T, V>*>(dxc + r * C) = o;
+    }
+  }
+}
+
 // Whether a backward with a reduction and grad_input runs as one cooperative kernel: up to
 // kFusedBwdMaxBytes of contiguous input, kFusedBwdMaxBytesNhwc of channels-last input (x and
 // grad_out both stay in L2 between the phases), and only when the whole grid is resident.
@@ -718,6 +920,69 @@ bool launch_fused_backward(const Layout& l, const T* x, const T* g, T* dx,
   return launch_cooperative(reinterpret_cast<const void*>(bn_bwd_fused_nchw<T, V, M>),
                                 dim3(static_cast<unsigned>(blocks)), dim3(kThreads), args, 0,
                                 stream);
+}
+
+// bn_bwd_tile_nhwc where it applies: CUDADOCTOR_OPS_BN_BWD_TILE=0 turns it off (read once).
+inline int bwd_tile_setting() {
+  static const int v = env_switch("CUDADOCTOR_OPS_BN_BWD_TILE");
+  return v;
+}
+
+// Splits of bn_bwd_tile_nhwc for R rows and `tiles` tiles (0: no resident grid holds every row
+// in registers). As tile_grid's policy for the forward: the fewest blocks per SM b (splits = b *
+// SMs / tiles) at which every thread holds at most maxr rows; the whole launch is latency-bound,
+// so its time follows the most loaded SM.
+inline int bwd_tile_splits(int64_t R, int64_t tiles, int ty, int sms, int per_sm, int maxr) {
+  const int64_t most = (R + ty - 1) / ty;  // more splits would leave blocks without rows
+  for (int b = 1; b <= per_sm; ++b) {
+    int64_t s = int64_t(b) * sms / tiles;
+    if (s > most) s = most;
+    if (s > kBwdTileMaxSplits) s = kBwdTileMaxSplits;
+    if (s < 1) continue;
+    if ((R + s * ty - 1) / (s * ty) <= maxr) return static_cast<int>(s);
+  }
+  return 0;
+}
+
+template <typename T, int CT, bool M>
+bool launch_tile_backward_ct(const Layout& l, const T* x, const T* g, T* dx,
+                             BwdArgs<typename Acc<T>::type> f, const at::TensorOptions& acc_opts,
+                             int device, cudaStream_t stream) {
+  using A = typename Acc<T>::type;
+  constexpr int V = 16 / int(sizeof(T));
+  constexpr int TX = CT / V;
+  constexpr int TY = kBwdTileThreads / TX;
+  const void* kernel = reinterpret_cast<const void*>(bn_bwd_tile_nhwc<T, CT, M>);
+  const int per_sm = blocks_per_sm(bn_bwd_tile_nhwc<T, CT, M>, 0, kBwdTileThreads);
+  int64_t R = l.N * l.HW;
+  int64_t C = l.C;
+  const int64_t tiles = (C + CT - 1) / CT;
+  const int splits =
+      bwd_tile_splits(R, tiles, TY, sm_count(device), per_sm, BwdTileMaxR<T, M>::value);
+  if (splits < 1 || tiles > 65535) return false;
+  at::Tensor ws = at::empty({tiles * splits * 3 * CT}, acc_opts);
+  A* wsp = ws.data_ptr<A>();
+  void* args[] = {&x, &g, &dx, &f, &wsp, &R, &C};
+  return launch_cooperative(kernel, dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(splits)),
+                            dim3(TX, TY), args, 0, stream);
+}
+
+// Tries bn_bwd_tile_nhwc (channels-last 16-bit input in 16-byte packs, a reduction and
+// grad_input wanted, no ReLU or the ReLU gradient from a mask); false when it does not apply.
+// Tiles of 64 channels where C is a multiple of 64, else of 32.
+template <typename T, int V, bool M>
+bool launch_tile_backward(const Layout& l, const T* x, const T* g, T* dx,
+                          BwdArgs<typename Acc<T>::type> f, const at::TensorOptions& acc_opts,
+                          bool relu, int device, cudaStream_t stream) {
+  if constexpr (sizeof(T) != 2 || V != 8) {
+    return false;
+  } else {
+    if (!l.nhwc || (relu && !M) || bwd_tile_setting() == 0 || !cooperative_ok(device))
+      return false;
+    if (l.C % 64 == 0)
+      return launch_tile_backward_ct<T, 64, M>(l, x, g, dx, f, acc_opts, device, stream);
+    return launch_tile_backward_ct<T, 32, M>(l, x, g, dx, f, acc_opts, device, stream);
+  }
 }
 
 // NCHW backward with a reduction and grad_input that reads x and grad_out once ("single
@@ -875,6 +1140,11 @@ void launch_backward(const Layout& l, const at::Tensor& dy, const at::Tensor& dx
   if (need_reduce && dx.defined() && (M || mask == nullptr) &&
       launch_bwd_singleread_nchw<T, V, M>(l, x, g, dx.data_ptr<T>(), f, relu, device, stream,
                                           mask)) {
+    return;
+  }
+  if (need_reduce && dx.defined() &&
+      launch_tile_backward<T, V, M>(l, x, g, dx.data_ptr<T>(), f, acc_opts, relu, device,
+                                    stream)) {
     return;
   }
   if (need_reduce && dx.defined() &&

@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <initializer_list>
 #include <mutex>
 #include <string>
@@ -273,6 +274,79 @@ __device__ __forceinline__ void welford_rows_nhwc(const T* __restrict__ x, int64
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
       if (r + u * rstride < R) welford_row<A, T, V>(p[u], K, mean, m2, n);
+  }
+}
+
+// Calls f(p0, p1, p2) for the partials of channel j of a tile in the channel-tiled kernels
+// (bn_tile_nhwc, bn_bwd_tile_nhwc; the tile's partials wt [splits][3][CT]) of splits s = first,
+// first + step, ... < splits, in that order, with B of them loaded before the calls. The partials
+// were written by the same launch: loads through L2 (__ldcg), never the read-only path.
+template <int B, int CT, typename A, typename F>
+__device__ __forceinline__ void for_tile_partials(const A* wt, int j, int splits, int first,
+                                                  int step, F&& f) {
+  for (int s0 = first; s0 < splits; s0 += step * B) {
+    A p0[B], p1[B], p2[B];
+#pragma unroll
+    for (int u = 0; u < B; ++u) {
+      const int s = s0 + u * step;
+      p0[u] = 0;
+      p1[u] = 0;
+      p2[u] = 0;
+      if (s < splits) {
+        const A* q = wt + int64_t(s) * 3 * CT + j;
+        p0[u] = __ldcg(q);
+        p1[u] = __ldcg(q + CT);
+        p2[u] = __ldcg(q + 2 * CT);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < B; ++u)
+      if (s0 + u * step < splits) f(p0[u], p1[u], p2[u]);
+  }
+}
+
+// Stores block `split`'s partial (p0, p1, p2) of channel j into a tile's partials wt
+// [splits][3][CT] (the layout for_tile_partials reads).
+template <int CT, typename A>
+__device__ __forceinline__ void store_tile_partial(A* wt, int split, int j, A p0, A p1, A p2) {
+  A* o = wt + int64_t(split) * 3 * CT + j;
+  o[0] = p0;
+  o[CT] = p1;
+  o[2 * CT] = p2;
+}
+
+// The three per-channel coefficients of the V channels of pack tx, from a channel-tiled kernel's
+// coef [3][CT] in shared memory.
+template <typename A, int CT, int V>
+__device__ __forceinline__ void load_tile_coef(const A (&coef)[3][CT], int tx, A (&c0)[V],
+                                               A (&c1)[V], A (&c2)[V]) {
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    c0[i] = coef[0][tx * V + i];
+    c1[i] = coef[1][tx * V + i];
+    c2[i] = coef[2][tx * V + i];
+  }
+}
+
+// Makes the compiler treat the bits of p as unknown from here on: the last phase of the
+// register-persistent kernels (bn_persist_nhwc, bn_tile_nhwc, bn_bwd_tile_nhwc) then converts the
+// packs held since their first phase again instead of keeping the converted values (2x the
+// registers for 16-bit types) alive across the grid barriers.
+template <typename P>
+__device__ __forceinline__ void persist_opaque(P& p) {
+  static_assert(sizeof(P) % 2 == 0, "packs of 16-bit words");
+  if constexpr (sizeof(P) % 4 == 0) {
+    uint32_t w[sizeof(P) / 4];
+    memcpy(w, &p, sizeof(P));
+#pragma unroll
+    for (int i = 0; i < int(sizeof(P) / 4); ++i) asm volatile("" : "+r"(w[i]));
+    memcpy(&p, w, sizeof(P));
+  } else {
+    unsigned short h[sizeof(P) / 2];
+    memcpy(h, &p, sizeof(P));
+#pragma unroll
+    for (int i = 0; i < int(sizeof(P) / 2); ++i) asm volatile("" : "+h"(h[i]));
+    memcpy(&p, h, sizeof(P));
   }
 }
 

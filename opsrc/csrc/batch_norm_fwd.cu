@@ -620,27 +620,6 @@ __device__ __forceinline__ void persist_finish_channels(const T* __restrict__ x,
   }
 }
 
-// Makes the compiler treat the bits of p as unknown from here on: phase 3 then converts the packs
-// held since phase 1 again instead of keeping phase 1's converted values (2x the registers for
-// 16-bit types) alive across the grid barriers.
-template <typename P>
-__device__ __forceinline__ void persist_opaque(P& p) {
-  static_assert(sizeof(P) % 2 == 0, "packs of 16-bit words");
-  if constexpr (sizeof(P) % 4 == 0) {
-    uint32_t w[sizeof(P) / 4];
-    memcpy(w, &p, sizeof(P));
-#pragma unroll
-    for (int i = 0; i < int(sizeof(P) / 4); ++i) asm volatile("" : "+r"(w[i]));
-    memcpy(&p, w, sizeof(P));
-  } else {
-    unsigned short h[sizeof(P) / 2];
-    memcpy(h, &p, sizeof(P));
-#pragma unroll
-    for (int i = 0; i < int(sizeof(P) / 2); ++i) asm volatile("" : "+h"(h[i]));
-    memcpy(&p, h, sizeof(P));
-  }
-}
-
 // Register caps of bn_persist_nhwc (blocks of 256 resident per SM): 64 per thread for MAXR = 4
 // (4 blocks), 80 for MAXR = 8 (3); double (twice the registers per accumulator) 128 (2), below
 // which it spills.
@@ -909,10 +888,7 @@ __global__ void __launch_bounds__(THREADS, TileMinBlocks<T, THREADS>::value)
     }
     __syncthreads();
     tile_merge_slots<A, CT, W, THREADS, P1>(red, tid, [&](int j, A m, A s, A cnt) {
-      A* o = wt + int64_t(split) * 3 * CT + j;
-      o[0] = m;
-      o[CT] = s;
-      o[2 * CT] = cnt;
+      store_tile_partial<CT>(wt, split, j, m, s, cnt);
     });
   }
   grid.sync();
@@ -960,26 +936,8 @@ __global__ void __launch_bounds__(THREADS, TileMinBlocks<T, THREADS>::value)
     {
       const int j = tid % CT, g = tid / CT;
       A m = 0, s = 0, cnt = 0;
-      // written by this launch: loads through L2 (__ldcg), never the read-only path
-      for (int s0 = g; s0 < splits; s0 += G * MB) {
-        A pm[MB], pq[MB], pn[MB];
-#pragma unroll
-        for (int u = 0; u < MB; ++u) {
-          const int sp = s0 + u * G;
-          pm[u] = 0;
-          pq[u] = 0;
-          pn[u] = 0;
-          if (sp < splits) {
-            const A* q = wt + int64_t(sp) * 3 * CT + j;
-            pm[u] = __ldcg(q);
-            pq[u] = __ldcg(q + CT);
-            pn[u] = __ldcg(q + 2 * CT);
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < MB; ++u)
-          if (s0 + u * G < splits) welford_merge(m, s, cnt, pm[u], pq[u], pn[u]);
-      }
+      for_tile_partials<MB, CT>(wt, j, splits, g, G,
+                                [&](A pm, A pq, A pn) { welford_merge(m, s, cnt, pm, pq, pn); });
       red[0][j][g] = m;
       red[1][j][g] = s;
       red[2][j][g] = cnt;
@@ -1003,12 +961,7 @@ __global__ void __launch_bounds__(THREADS, TileMinBlocks<T, THREADS>::value)
   // ---- phase 3: y (and the mask) from the packs held since phase 1 ----
   if (!active) return;
   A K[V], a[V], b[V];
-#pragma unroll
-  for (int i = 0; i < V; ++i) {
-    K[i] = coef[0][tx * V + i];
-    a[i] = coef[1][tx * V + i];
-    b[i] = coef[2][tx * V + i];
-  }
+  load_tile_coef<A, CT, V>(coef, tx, K, a, b);
   T* yc = y + cv * V;
   auto put = [&](const Pack<T, V>& q, int64_t r) {
     Pack<T, V> o;

@@ -55,7 +55,8 @@ _COMMON = textwrap.dedent(
                 torch.cuda.synchronize()
             names = set()
             for e in prof.events():
-                for key in ("bn_bwd_singleread_nchw", "bn_bwd_fused_nchw", "bn_bwd_fused_nhwc", "bn_bwd_reduce_nchw",
+                for key in ("bn_bwd_singleread_nchw", "bn_bwd_fused_nchw", "bn_bwd_fused_nhwc", "bn_bwd_tile_nhwc",
+                            "bn_bwd_reduce_nchw",
                             "bn_bwd_reduce_nhwc", "bn_bwd_apply_nchw", "bn_bwd_apply_nhwc",
                             "bn_bwd_finalize"):
                     if key in e.name:
@@ -65,17 +66,17 @@ _COMMON = textwrap.dedent(
             return "profiler failed: " + repr(exc)
 
 
-    def backward_kernels(shape, dtype, layout, training, mask):
-        # the kernels one batch_norm_backward call launches
+    def backward_kernels(shape, dtype, layout, training, mask, act="relu"):
+        # the kernels one batch_norm_backward call launches (activation `act`)
         fmt = fmt_of(layout, shape)
         x = torch.randn(shape, device="cuda").to(dtype).contiguous(memory_format=fmt)
         c = shape[1]
         w = torch.rand(c, device="cuda") + 0.5
         b = torch.randn(c, device="cuda")
         rm, rv = torch.zeros(c, device="cuda"), torch.ones(c, device="cuda")
-        _, sm, si, rs = OPS.batch_norm(x, w, b, rm, rv, training, EPS, "relu")
+        _, sm, si, rs = OPS.batch_norm(x, w, b, rm, rv, training, EPS, act)
         gy = torch.randn_like(x)
-        return kernels(lambda: OPS.batch_norm_backward(gy, x, w, b, sm, si, rs, training, "relu",
+        return kernels(lambda: OPS.batch_norm_backward(gy, x, w, b, sm, si, rs, training, act,
                                                        list(mask)))
     """
 )
@@ -178,6 +179,13 @@ _CHILD = _COMMON + textwrap.dedent(
         "train_params_only": backward_kernels(sel_shape, torch.float32, layout, True, (False, True, True)),
         "eval_input_only": backward_kernels(sel_shape, torch.float32, layout, False, (True, False, False)),
         "train_all_half": backward_kernels(sel_shape, torch.float16, layout, True, (True, True, True)),
+        # without ReLU: the channels-last 16-bit cases bn_bwd_tile_nhwc takes
+        "train_none_half": backward_kernels(sel_shape, torch.float16, layout, True, (True, True, True), "none"),
+        "eval_none_bf16": backward_kernels(sel_shape, torch.bfloat16, layout, False, (True, True, True), "none"),
+        "train_none_half_input_only": backward_kernels(sel_shape, torch.float16, layout, True, (True, False, False),
+                                                       "none"),
+        "train_none_half_params_only": backward_kernels(sel_shape, torch.float16, layout, True, (False, True, True),
+                                                        "none"),
     }
     print(json.dumps({"records": records, "selection": selection}))
     """
@@ -195,6 +203,13 @@ _AUTO_CHILD = _COMMON + textwrap.dedent(
                              ((64, 256, 14, 14), torch.float16)):
             key = f"{layout} {list(shape)} {str(dtype).replace('torch.', '')}"
             out[key] = backward_kernels(shape, dtype, layout, True, (True, True, True))
+    # without ReLU, channels-last 16-bit: bn_bwd_tile_nhwc wherever a resident grid holds every row
+    # in registers (ResNet-50's 14x14 and 7x7 BatchNorms at batch 64), else as above (25.7 MB:
+    # the one-launch kernel)
+    for shape, dtype in (((64, 256, 14, 14), torch.float16), ((64, 512, 7, 7), torch.bfloat16),
+                         ((64, 256, 28, 28), torch.float16)):
+        key = f"channels_last {list(shape)} {str(dtype).replace('torch.', '')} none"
+        out[key] = backward_kernels(shape, dtype, "channels_last", True, (True, True, True), "none")
     print(json.dumps(out))
     """
 )
@@ -203,12 +218,14 @@ _AUTO_CHILD = _COMMON + textwrap.dedent(
 TOL = {"float32": 1e-4, "float16": 3e-3, "bfloat16": 1.5e-2}
 
 
-def _run_child(ops, code, args, env_value, singleread=None, extra=None):
+def _run_child(ops, code, args, env_value, singleread=None, extra=None, tile=None):
     env = dict(os.environ)
     for name in ("CUDADOCTOR_OPS_BN_FUSED_BWD", "CUDADOCTOR_OPS_BN_SINGLEREAD",
-                 "CUDADOCTOR_OPS_BN_BWD_NR", "CUDADOCTOR_OPS_BN_FIN_BLOCK"):
+                 "CUDADOCTOR_OPS_BN_BWD_NR", "CUDADOCTOR_OPS_BN_FIN_BLOCK", "CUDADOCTOR_OPS_BN_BWD_TILE"):
         env.pop(name, None)
     env.update(extra or {})
+    if tile is not None:
+        env["CUDADOCTOR_OPS_BN_BWD_TILE"] = tile
     if env_value is not None:
         env["CUDADOCTOR_OPS_BN_FUSED_BWD"] = env_value
     if singleread is not None:
@@ -226,19 +243,25 @@ def _run_child(ops, code, args, env_value, singleread=None, extra=None):
 _OLD_NHWC = {"CUDADOCTOR_OPS_BN_BWD_NR": "0", "CUDADOCTOR_OPS_BN_FIN_BLOCK": "0"}
 
 
-@pytest.mark.parametrize("layout,fused,singleread,extra", [
-    ("nchw", "0", "0", None), ("nchw", "1", "0", None), ("channels_last", "0", None, None),
-    ("channels_last", "1", None, None), ("nchw", "0", "1", None), ("channels_last", "0", None, _OLD_NHWC),
-], ids=["nchw-0-0", "nchw-1-0", "channels_last-0", "channels_last-1", "nchw-0-1", "channels_last-0-nr0-fin0"])
-def test_backward_vs_float64_with_and_without_the_one_launch_kernel(ops, layout, fused, singleread, extra):
+@pytest.mark.parametrize("layout,fused,singleread,extra,tile", [
+    ("nchw", "0", "0", None, "0"), ("nchw", "1", "0", None, "0"), ("channels_last", "0", None, None, "0"),
+    ("channels_last", "1", None, None, "0"), ("nchw", "0", "1", None, "0"),
+    ("channels_last", "0", None, _OLD_NHWC, "0"), ("channels_last", None, None, None, None),
+], ids=["nchw-0-0", "nchw-1-0", "channels_last-0", "channels_last-1", "nchw-0-1", "channels_last-0-nr0-fin0",
+        "channels_last-tile"])
+def test_backward_vs_float64_with_and_without_the_one_launch_kernel(ops, layout, fused, singleread, extra, tile):
     """grad_input / grad_weight / grad_bias of every output_mask combination (through the op and
     through autograd, weight/bias-only included), training and eval, with and without ReLU and
     affine parameters, float32 / float16 / bfloat16, against float64 torch. With
     CUDADOCTOR_OPS_BN_SINGLEREAD=1 the contiguous cases with small channels run
     bn_bwd_singleread_nchw (one block per channel in shared memory) instead. Channels-last
     multi-kernel runs without ReLU take the reduce / apply kernels built without the ReLU test and
-    the block-per-channel finalize; CUDADOCTOR_OPS_BN_BWD_NR=0 and _FIN_BLOCK=0 the earlier ones."""
-    res = _run_child(ops, _CHILD, [layout], fused, singleread, extra)
+    the block-per-channel finalize; CUDADOCTOR_OPS_BN_BWD_NR=0 and _FIN_BLOCK=0 the earlier ones.
+    Every case but the last runs with CUDADOCTOR_OPS_BN_BWD_TILE=0; the last with every switch
+    unset, where the channels-last float16 / bfloat16 backward without ReLU (grad_input and a
+    reduction wanted) takes bn_bwd_tile_nhwc: 5 of the 6 shapes (C = 13 is not a multiple of 8),
+    ResNet-50's (64, 256, 14, 14) included."""
+    res = _run_child(ops, _CHILD, [layout], fused, singleread, extra, tile)
     records = res["records"]
     # 6 shapes x 3 dtypes x 2 modes x 2 activations: 7 masks with and without affine + 2 autograd
     assert len(records) == 6 * 3 * 2 * 2 * (7 * 2 + 2)
@@ -257,7 +280,18 @@ def test_backward_vs_float64_with_and_without_the_one_launch_kernel(ops, layout,
         warnings.warn(f"kernel selection not checked: {sel}")
         return
     one = "bn_bwd_fused_nhwc" if layout == "channels_last" else "bn_bwd_fused_nchw"
-    for key in ("train_all", "eval_all", "train_all_half"):
+    tile_keys = ("train_none_half", "eval_none_bf16")
+    if tile is None:  # everything at its default
+        for key in tile_keys:
+            assert sel[key] == ["bn_bwd_tile_nhwc"], (key, sel)
+        # ReLU recomputed from x, or no grad_input: not the tile kernel
+        for key in ("train_all", "eval_all", "train_all_half", "train_none_half_params_only"):
+            assert "bn_bwd_tile_nhwc" not in sel[key], (key, sel)
+        assert sel["train_all_half"] == [one], sel
+        assert sel["train_none_half_input_only"] == ["bn_bwd_tile_nhwc"], sel
+        return
+    assert not any("bn_bwd_tile_nhwc" in v for v in sel.values()), sel
+    for key in ("train_all", "eval_all", "train_all_half") + tile_keys:
         if singleread == "1":
             assert sel[key] == ["bn_bwd_singleread_nchw"], (key, sel)
         elif fused == "1":
@@ -272,7 +306,8 @@ def test_backward_vs_float64_with_and_without_the_one_launch_kernel(ops, layout,
 
 def test_one_launch_backward_size_limit(ops):
     """With CUDADOCTOR_OPS_BN_FUSED_BWD unset the one-launch backward runs up to 16 MiB of
-    contiguous input and 32 MiB of channels-last input;
+    contiguous input and 32 MiB of channels-last input (without ReLU, 16-bit channels-last input
+    whose rows a resident grid holds in registers takes bn_bwd_tile_nhwc first);
     contiguous inputs whose channel (x plus grad_out) fits 112 KiB, with at least one channel per
     SM, run the single-read kernel instead."""
     sel = _run_child(ops, _AUTO_CHILD, [], None)
@@ -281,7 +316,10 @@ def test_one_launch_backward_size_limit(ops):
     for key, names in sel.items():
         layout = key.split()[0]
         one = "bn_bwd_fused_nhwc" if layout == "channels_last" else "bn_bwd_fused_nchw"
-        if layout == "nchw" and "[64, 256, 14, 14]" in key and torch.cuda.get_device_properties(0).multi_processor_count <= 256:
+        if key.endswith(" none"):
+            want = [one] if "[64, 256, 28, 28]" in key else ["bn_bwd_tile_nhwc"]
+            assert names == want, (key, names)
+        elif layout == "nchw" and "[64, 256, 14, 14]" in key and torch.cuda.get_device_properties(0).multi_processor_count <= 256:
             assert names == ["bn_bwd_singleread_nchw"], (key, names)
         elif "[65, 256, 16, 16]" in key or "[129, 256, 16, 16]" in key:
             assert one not in names and any("reduce" in k for k in names), (key, names)

@@ -473,7 +473,7 @@ def make_block(ci, co, k, s, p, kw, dtype, cl):
 
 # the BatchNorm-part kernels of the training backward recorded under r["bwd_kernels"]
 BWD_TAGS = ("bn_bwd_singleread_nchw", "bn_bwd_fused_nchw", "bn_bwd_reduce_nchw", "bn_bwd_fused_nhwc",
-            "bn_bwd_reduce_nhwc", "cbr_reduce", "cbr_grad_conv_out")
+            "bn_bwd_tile_nhwc", "bn_bwd_reduce_nhwc", "cbr_reduce", "cbr_grad_conv_out")
 
 
 def train_steps(conv, bn, shape, dtype, cl, steps, probe_key, probe):
@@ -523,7 +523,7 @@ def _run_cbr_child(body: str, tile: str, cudnn_stats: bool = False) -> dict:
     and returns the JSON of its last line."""
     env = dict(os.environ)
     for var in (CBR_TILE_ENV, CBR_V1_ENV, "CUDADOCTOR_OPS_BN_FUSED_NCHW", "CUDADOCTOR_OPS_BN_SINGLEREAD",
-                CUDNN_STATS_ENV, CBR_BN_BWD_ENV):
+                CUDNN_STATS_ENV, CBR_BN_BWD_ENV, "CUDADOCTOR_OPS_BN_BWD_TILE"):
         env.pop(var, None)
     if tile == "off":
         env[CBR_TILE_ENV] = "0"
@@ -585,7 +585,9 @@ def test_nhwc_tile_forward_matches_torch(tile):
     None = cumulative average, no running statistics), every gradient (the backward reads the
     forward's saved statistics and mask). Default: the forward takes bn_tile_nhwc wherever C_out is
     a multiple of 8, the running statistics updated in its launch (no cbr_update_stats kernel);
-    CUDADOCTOR_OPS_CBR_TILE=0: never, and the update kernel runs."""
+    CUDADOCTOR_OPS_CBR_TILE=0: never, and the update kernel runs. Either way the backward of those
+    blocks runs on bn_bwd_tile_nhwc with the mask (every row of these small outputs fits in
+    registers); C_out = 13 on CBR's own backward kernels."""
     res = _run_cbr_child(_CBR_TILE_CHILD, tile)
     assert len(res) == 12
     for key, r in res.items():
@@ -598,6 +600,11 @@ def test_nhwc_tile_forward_matches_torch(tile):
         else:
             assert not any(r["tile"]), f"{key}: bn_tile_nhwc ran"
             assert all(r["update_kernel"]) == tracked, f"{key}: update kernel {r['update_kernel']}"
+        for step, ks in enumerate(r["bwd_kernels"]):
+            if fits:
+                assert ks == ["bn_bwd_tile_nhwc"], (key, step, ks)
+            else:
+                assert "bn_bwd_tile_nhwc" not in ks and ks, (key, step, ks)
         _check_steps(key, r, 3, TOL[dtype], tracked)
 
 
