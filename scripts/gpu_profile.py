@@ -1,6 +1,6 @@
 """Kernel-level breakdown of cudadoctor_ops against torch on a few cases, for tuning.
 
-    python scripts/gpu_profile.py [bn] [cbr] [cbrnchw] [cbrbf16] [dw] [cbrstats] [bnmiss] [dwt]
+    python scripts/gpu_profile.py [bn] [cbr] [cbrnchw] [cbrbf16] [cbrfp16] [dw] [cbrstats] [bnmiss] [dwt]
 
 Per case and side (ours / torch): the GPU time of one call from CUDA events with an L2 flush
 before it (as the bench measures), the host time of one call (perf_counter over 200 calls without
@@ -194,6 +194,12 @@ def cbrbf16() -> None:
                 ((64, 512, 14, 14, 512), 2, torch.bfloat16, True)])
 
 
+def cbrfp16() -> None:
+    """The float16 channels-last (32,64,56,56)->64 block alone (its backward's BatchNorm part is
+    the 6.4M-element one that bn_bwd_tile_nhwc runs with rows in shared memory)."""
+    _cbr_cases([((32, 64, 56, 56, 64), 1, torch.float16, True)])
+
+
 def with_env(var: str, value: str, fn):
     """fn with os.environ[var] = value around each call (for switches read at every call)."""
     def run():
@@ -248,5 +254,5 @@ if __name__ == "__main__":
     print(torch.__version__, torch.cuda.get_device_name())
     torch.backends.cudnn.benchmark = True
     for part in sys.argv[1:] or ["bn", "cbr", "dw"]:
-        {"bn": bn, "cbr": cbr, "cbrnchw": cbrnchw, "cbrbf16": cbrbf16, "dw": dw, "cbrstats": cbrstats, "bnmiss": bnmiss,
+        {"bn": bn, "cbr": cbr, "cbrnchw": cbrnchw, "cbrbf16": cbrbf16, "cbrfp16": cbrfp16, "dw": dw, "cbrstats": cbrstats, "bnmiss": bnmiss,
          "dwt": dwt}[part]()

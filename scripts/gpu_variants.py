@@ -10,17 +10,18 @@
          its pipelined loop / with groups of 2 rows instead of 4), and float16 built for other
          blocks per SM (CUDADOCTOR_OPS_BN_STATS_MB: 4 rows at 2, 2 rows at 3)
     bnp  BatchNorm channels_last float16 training backward, eager and CUDA-graph replay
-         (CUDADOCTOR_OPS_BN_BWD_TILE=0: without bn_bwd_tile_nhwc, i.e. the one-launch
-         bn_bwd_fused_nhwc up to 32 MiB; with CUDADOCTOR_OPS_BN_FUSED_BWD=0 as well: reduce ->
-         finalize -> apply)
+         (CUDADOCTOR_OPS_BN_BWD_TILE_STASH=0: bn_bwd_tile_nhwc only where registers hold every
+         row; CUDADOCTOR_OPS_BN_BWD_TILE_CT=32: its tiles of 32 channels everywhere;
+         CUDADOCTOR_OPS_BN_BWD_TILE=0: without bn_bwd_tile_nhwc, i.e. the one-launch
+         bn_bwd_fused_nhwc up to 32 MiB)
     bnnr the same backward with CUDADOCTOR_OPS_BN_BWD_NR=0 (the channels-last reduce and apply
          kernels that test for ReLU at run time, 2 blocks per SM), CUDADOCTOR_OPS_BN_FIN_BLOCK=0
          (one warp per channel in the finalize)
     cbr  Conv+BN+ReLU training forward and fwd+bwd, channels_last 16-bit (CUDADOCTOR_OPS_BN_NHWC_TILE_WIDE=0,
          _STASH=0, CUDADOCTOR_OPS_CBR_TILE=0)
-    cbrb Conv+BN+ReLU fwd+bwd in CUDA-graph replay on the bfloat16 channels-last blocks of CBR_CASES
-         (CUDADOCTOR_OPS_BN_BWD_TILE=0: the masked backward on bn_bwd_fused_nhwc instead of
-         bn_bwd_tile_nhwc)
+    cbrb Conv+BN+ReLU fwd+bwd in CUDA-graph replay on the channels-last blocks of CBR_CASES
+         (CUDADOCTOR_OPS_BN_BWD_TILE_STASH=0 / _CT=32 as for bnp; CUDADOCTOR_OPS_BN_BWD_TILE=0: the
+         masked backward on bn_bwd_fused_nhwc instead of bn_bwd_tile_nhwc)
     cbrs the same on the bench's fp16 and bf16 blocks, eager, CUDA-graph replay and host time per
          call, with the batch statistics from cuDNN's convolution epilogue
          (CUDADOCTOR_OPS_CBR_CUDNN_STATS=1; with CUDADOCTOR_OPS_CBR_SUMS_FUSED=0 the finalize +
@@ -58,14 +59,19 @@ BNF_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_FIN_BLOCK": "0"}]
 BNS_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_STATS_PIPE": "0"}, {"CUDADOCTOR_OPS_BN_STATS_PIPE": "2"},
                 {"CUDADOCTOR_OPS_BN_STATS_PIPE": "4", "CUDADOCTOR_OPS_BN_STATS_MB": "2"},
                 {"CUDADOCTOR_OPS_BN_STATS_PIPE": "2", "CUDADOCTOR_OPS_BN_STATS_MB": "3"}]
-BNP_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_BWD_TILE": "0"}, {"CUDADOCTOR_OPS_BN_BWD_TILE": "0", "CUDADOCTOR_OPS_BN_FUSED_BWD": "0"}]
+# the backward's shapes: register-only tile grids, the stash (6.4M elements), and 12.8M (neither)
+BNP_SHAPES = [(64, 256, 14, 14), (64, 512, 7, 7), (64, 128, 28, 28), (32, 64, 56, 56), (64, 512, 14, 14),
+              (64, 64, 56, 56)]
+BNP_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_BWD_TILE_STASH": "0"}, {"CUDADOCTOR_OPS_BN_BWD_TILE_CT": "32"},
+                {"CUDADOCTOR_OPS_BN_BWD_TILE": "0"}]
 BNNR_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_FIN_BLOCK": "0"}, {"CUDADOCTOR_OPS_BN_BWD_NR": "0"}]
 CBR_CASES = [((32, 64, 56, 56), 64, "float16"), ((64, 128, 28, 28), 128, "bfloat16"),
              ((64, 64, 56, 56), 64, "bfloat16"), ((64, 256, 14, 14), 256, "bfloat16"),
              ((64, 512, 7, 7), 512, "bfloat16")]
 CBR_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_NHWC_TILE_WIDE": "0"}, {"CUDADOCTOR_OPS_BN_NHWC_TILE_STASH": "0"},
                 {"CUDADOCTOR_OPS_CBR_TILE": "0"}]
-CBRB_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_BWD_TILE": "0"}]
+CBRB_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_BWD_TILE_STASH": "0"}, {"CUDADOCTOR_OPS_BN_BWD_TILE_CT": "32"},
+                 {"CUDADOCTOR_OPS_BN_BWD_TILE": "0"}]
 CBRS_SETTINGS = [{}, {"CUDADOCTOR_OPS_CBR_CUDNN_STATS": "1"},
                  {"CUDADOCTOR_OPS_CBR_CUDNN_STATS": "1", "CUDADOCTOR_OPS_CBR_SUMS_FUSED": "0"}]
 DW_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_V4_CFG": "1"}, {"CUDADOCTOR_OPS_DW_V4_CFG": "3"}]
@@ -145,7 +151,7 @@ def _child(part: str) -> None:
     elif part in ("bnp", "bnnr"):
         from cudadoctor_ops.bench_cbr import graph_ms
 
-        for shape in BN_SHAPES:
+        for shape in BNP_SHAPES if part == "bnp" else BN_SHAPES:
             dt = torch.float16
             # tensors from the CPU generator: CUDA random numbers after a graph capture of torch's
             # BatchNorm fail ("Offset increment outside graph capture")
@@ -184,7 +190,7 @@ def _child(part: str) -> None:
     elif part == "cbrb":
         from cudadoctor_ops.bench_cbr import graph_ms
 
-        for shape, k, dts, fused, ref, x, xg, g, e in _cbr_blocks(CBR_CASES[1:], err):
+        for shape, k, dts, fused, ref, x, xg, g, e in _cbr_blocks(CBR_CASES, err):
             fb_o, fb_r = (lambda: fused(xg).backward(g)), (lambda: ref(xg).backward(g))
             out.append([f"cbr fwd+bwd {shape}->{k} {dts} nhwc (graph)", graph_ms(timer, fb_o) or float("nan"),
                         graph_ms(timer, fb_r) or float("nan"), e < 2e-2])

@@ -16,6 +16,7 @@
 #include <cooperative_groups.h>
 #include <type_traits>
 
+#include "async_copy.cuh"
 #include "batch_norm_common.cuh"
 
 namespace cg = cooperative_groups;
@@ -668,11 +669,14 @@ __global__ void __launch_bounds__(kThreads, FusedNhwcMinBlocks<T, V>::value)
 // only the mask (M) is taken: the ReLU test recomputed from x (BatchNorm's activation="relu")
 // stays on the other kernels.
 constexpr int kBwdTileThreads = 256;
-// Rows (a pack of x and one of grad_out each) a thread holds: 8 (ptxas, sm_90: 127-128 registers,
-// no spills), 6 for bfloat16 with the mask (124 bytes spilled at 8, 6 at 6).
-template <typename T, bool M>
+// Rows (a pack of x and one of grad_out each) a thread holds in registers: 8 (ptxas, sm_90:
+// 127-128 registers; float16 spills nothing), 6 for bfloat16 with the mask (124 bytes spilled at
+// 8, 40 at 6), 5 for bfloat16 with the mask in the stash variant (4 bytes spilled; bfloat16
+// without the mask spills 16 bytes there).
+template <typename T, bool M, int SR = 0>
 struct BwdTileMaxR {
-  static constexpr int value = (M && std::is_same<T, c10::BFloat16>::value) ? 6 : 8;
+  static constexpr int value =
+      (M && std::is_same<T, c10::BFloat16>::value) ? (SR > 0 ? 5 : 6) : 8;
 };
 constexpr int kBwdTileMB = 8;     // partials a thread loads at once in phase 2
 constexpr int kBwdTileMaxSplits = 256;
@@ -698,14 +702,63 @@ __device__ __forceinline__ void tile_sum_slots(const A (&red)[3][CT][P1], int ti
   }
 }
 
-template <typename T, int CT, bool M>
+// grad_out's pack with the mask bits applied on its raw 32-bit words (+0.0 where a bit is clear).
+template <typename T, int V>
+__device__ __forceinline__ void mask_pack(Pack<T, V>& pg, unsigned bits) {
+  static_assert(sizeof(T) == 2 && V % 2 == 0, "16-bit packs");
+  uint32_t w[V / 2];
+  memcpy(w, &pg, sizeof(w));
+#pragma unroll
+  for (int k = 0; k < V / 2; ++k) {
+    const uint32_t lo = 0u - ((bits >> (2 * k)) & 1u);
+    const uint32_t hi = 0u - ((bits >> (2 * k + 1)) & 1u);
+    w[k] &= (lo & 0xffffu) | (hi << 16);
+  }
+  memcpy(&pg, w, sizeof(w));
+}
+
+// Adds one row's pack (x, masked grad_out) into the per-channel sums g, g * c, c (c = x - mean).
+template <typename A, typename T, int V>
+__device__ __forceinline__ void sum_bwd_pack(const Pack<T, V>& px, const Pack<T, V>& pg,
+                                             const A (&mean)[V], A (&sg)[V], A (&sgc)[V],
+                                             A (&sc)[V]) {
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    const A cx = static_cast<A>(px.v[i]) - mean[i];
+    const A g = static_cast<A>(pg.v[i]);
+    sg[i] += g;
+    sgc[i] += g * cx;
+    sc[i] += cx;
+  }
+}
+
+// grad_input's pack a * g + B * c + D.
+template <typename A, typename T, int V>
+__device__ __forceinline__ Pack<T, V> dx_pack(const Pack<T, V>& px, const Pack<T, V>& pg,
+                                              const A (&mean)[V], const A (&a)[V],
+                                              const A (&B)[V], const A (&D)[V]) {
+  Pack<T, V> o;
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    const A cx = static_cast<A>(px.v[i]) - mean[i];
+    o.v[i] = static_cast<T>(a[i] * static_cast<A>(pg.v[i]) + B[i] * cx + D[i]);
+  }
+  return o;
+}
+
+// SR > 0 (the stash): rows k = MAXR .. MAXR + SR - 1 of a thread live in dynamic shared memory,
+// x's pack at slot 2k and grad_out's at 2k + 1 of stash [2 * SR][THREADS] (the launcher passes
+// only the rows in use), copied there by cp.async before the register rows are loaded; phase 1
+// masks grad_out there in place (each thread touches only its own slots: no block barrier), phase
+// 3 reads both back. Their mask bytes are loaded with the register rows, 4 to a register.
+template <typename T, int CT, bool M, int SR = 0>
 __global__ void __launch_bounds__(kBwdTileThreads, 2)
     bn_bwd_tile_nhwc(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
                      BwdArgs<typename Acc<T>::type> f, typename Acc<T>::type* ws, int64_t R,
                      int64_t C) {
   using A = typename Acc<T>::type;
   constexpr int THREADS = kBwdTileThreads;
-  constexpr int MAXR = BwdTileMaxR<T, M>::value;
+  constexpr int MAXR = BwdTileMaxR<T, M, SR>::value;
   constexpr int V = 16 / int(sizeof(T));
   constexpr int TX = CT / V;
   constexpr int TY = THREADS / TX;
@@ -727,6 +780,9 @@ __global__ void __launch_bounds__(kBwdTileThreads, 2)
   A* wt = ws + int64_t(tile) * splits * 3 * CT;  // this tile's partials [splits][3][CT]
   Pack<T, V> px[MAXR], pg[MAXR];
   A mean[V];
+  extern __shared__ __align__(16) unsigned char bwd_stash_raw[];
+  Pack<T, V>* const stash = reinterpret_cast<Pack<T, V>*>(bwd_stash_raw) + tid;
+  auto srow = [&](int k) { return r0 + int64_t(MAXR + k) * rstride; };
 
   // ---- phase 1 ----
   {
@@ -739,6 +795,16 @@ __global__ void __launch_bounds__(kBwdTileThreads, 2)
       sc[i] = 0;
     }
     if (active) {
+      if constexpr (SR > 0) {
+#pragma unroll
+        for (int k = 0; k < SR; ++k) {
+          if (srow(k) < R) {
+            const int64_t off = srow(k) * C + cv * V;
+            cp_async16(stash + 2 * k * THREADS, x + off);
+            cp_async16(stash + (2 * k + 1) * THREADS, dy + off);
+          }
+        }
+      }
       unsigned bits[MAXR];
 #pragma unroll
       for (int u = 0; u < MAXR; ++u) {
@@ -751,28 +817,35 @@ __global__ void __launch_bounds__(kBwdTileThreads, 2)
           if constexpr (M) bits[u] = mask_bits<V>(f.mask, off);
         }
       }
+      constexpr int SB = SR > 0 ? (SR + 3) / 4 : 1;
+      uint32_t sbits[SB];
+      if constexpr (M && SR > 0) {
+#pragma unroll
+        for (int q = 0; q < SB; ++q) sbits[q] = 0;
+#pragma unroll
+        for (int k = 0; k < SR; ++k)
+          if (srow(k) < R)
+            sbits[k / 4] |= (mask_bits<V>(f.mask, srow(k) * C + cv * V) & 0xffu) << (8 * (k % 4));
+      }
 #pragma unroll
       for (int u = 0; u < MAXR; ++u) {
         if (r0 + u * rstride < R) {
-          if constexpr (M) {
-            // the mask on the raw 32-bit words of the pack (+0.0 where the bit is clear)
-            uint32_t w[V / 2];
-            memcpy(w, &pg[u], sizeof(w));
+          if constexpr (M) mask_pack<T, V>(pg[u], bits[u]);
+          sum_bwd_pack<A, T, V>(px[u], pg[u], mean, sg, sgc, sc);
+        }
+      }
+      if constexpr (SR > 0) {
+        cp_async_wait_all();  // this thread's own copies: no block barrier needed
 #pragma unroll
-            for (int k = 0; k < V / 2; ++k) {
-              const uint32_t lo = 0u - ((bits[u] >> (2 * k)) & 1u);
-              const uint32_t hi = 0u - ((bits[u] >> (2 * k + 1)) & 1u);
-              w[k] &= (lo & 0xffffu) | (hi << 16);
+        for (int k = 0; k < SR; ++k) {
+          if (srow(k) < R) {
+            const Pack<T, V> sx = stash[2 * k * THREADS];
+            Pack<T, V> sgp = stash[(2 * k + 1) * THREADS];
+            if constexpr (M) {
+              mask_pack<T, V>(sgp, sbits[k / 4] >> (8 * (k % 4)));
+              stash[(2 * k + 1) * THREADS] = sgp;
             }
-            memcpy(&pg[u], w, sizeof(w));
-          }
-#pragma unroll
-          for (int i = 0; i < V; ++i) {
-            const A cx = static_cast<A>(px[u].v[i]) - mean[i];
-            const A g = static_cast<A>(pg[u].v[i]);
-            sg[i] += g;
-            sgc[i] += g * cx;
-            sc[i] += cx;
+            sum_bwd_pack<A, T, V>(sx, sgp, mean, sg, sgc, sc);
           }
         }
       }
@@ -838,13 +911,15 @@ __global__ void __launch_bounds__(kBwdTileThreads, 2)
     if (r < R) {
       persist_opaque(px[u]);
       persist_opaque(pg[u]);
-      Pack<T, V> o;
-#pragma unroll
-      for (int i = 0; i < V; ++i) {
-        const A cx = static_cast<A>(px[u].v[i]) - mean[i];
-        o.v[i] = static_cast<T>(a[i] * static_cast<A>(pg[u].v[i]) + B[i] * cx + D[i]);
-      }
-      *reinterpret_cast<Pack<T, V>*>(dxc + r * C) = o;
+      *reinterpret_cast<Pack<T, V>*>(dxc + r * C) = dx_pack<A, T, V>(px[u], pg[u], mean, a, B, D);
+    }
+  }
+  if constexpr (SR > 0) {
+#pragma unroll 4
+    for (int k = 0; k < SR; ++k) {
+      if (srow(k) < R)
+        *reinterpret_cast<Pack<T, V>*>(dxc + srow(k) * C) =
+            dx_pack<A, T, V>(stash[2 * k * THREADS], stash[(2 * k + 1) * THREADS], mean, a, B, D);
     }
   }
 }
@@ -944,6 +1019,34 @@ inline int bwd_tile_splits(int64_t R, int64_t tiles, int ty, int sms, int per_sm
   return 0;
 }
 
+// The stash variant (bn_bwd_tile_nhwc<SR = kBwdTileStashRows>) where no register-only grid
+// holds every row: up to kBwdTileStashRows more rows per thread (x and grad_out, 2 * 8 * 256 * 16
+// = 64 KB per block of 256, two blocks per SM), about 8.6M elements on an H200 instead of 4.3M:
+// (64,128,28,28), (64,512,14,14) and (32,64,56,56) in 16 bits. On the H200 (float16 BatchNorm
+// backward replayed from CUDA graphs, us, stash / without, cuDNN): (64,128,28,28) 23.7-24.4 /
+// 31.1-31.2, 29.6; (64,512,14,14) 22.5-22.7 / 35.0, 26.8; (32,64,56,56) 24.0-24.5 / 29.3-29.6,
+// 24.0. Conv+BN+ReLU's masked backward of the float16 (32,64,56,56)->64 block gained nothing
+// (21.5 us in the kernel against 21.7 for bn_bwd_fused_nhwc; 139.5 against 139.2 us forward +
+// backward). At 256 splits every block adds 256 * 64 partials in phase 2; merging each channel
+// once in one block behind a second grid barrier measured no faster (24.0 / 24.5 us on
+// (32,64,56,56), 24.4 / 23.7 on (64,128,28,28)) and is not kept. CUDADOCTOR_OPS_BN_BWD_TILE_STASH=0
+// turns the variant off; CUDADOCTOR_OPS_BN_BWD_TILE_CT=32 / 64 fixes the tile width (unset: 64
+// where C % 64 == 0, else 32; tiles of 32 were slower on every shape above, e.g. 32.8 us on
+// (32,64,56,56)). Both read once.
+constexpr int kBwdTileStashRows = 8;
+
+inline size_t bwd_stash_bytes(int rows) { return size_t(2) * rows * kBwdTileThreads * 16; }
+
+inline int bwd_tile_stash_setting() {
+  static const int v = env_switch("CUDADOCTOR_OPS_BN_BWD_TILE_STASH");
+  return v;
+}
+
+inline int bwd_tile_ct() {
+  static const int v = env_choice("CUDADOCTOR_OPS_BN_BWD_TILE_CT", {32, 64}, 0);
+  return v;
+}
+
 template <typename T, int CT, bool M>
 bool launch_tile_backward_ct(const Layout& l, const T* x, const T* g, T* dx,
                              BwdArgs<typename Acc<T>::type> f, const at::TensorOptions& acc_opts,
@@ -952,19 +1055,32 @@ bool launch_tile_backward_ct(const Layout& l, const T* x, const T* g, T* dx,
   constexpr int V = 16 / int(sizeof(T));
   constexpr int TX = CT / V;
   constexpr int TY = kBwdTileThreads / TX;
-  const void* kernel = reinterpret_cast<const void*>(bn_bwd_tile_nhwc<T, CT, M>);
-  const int per_sm = blocks_per_sm(bn_bwd_tile_nhwc<T, CT, M>, 0, kBwdTileThreads);
+  constexpr int SR = kBwdTileStashRows;
   int64_t R = l.N * l.HW;
   int64_t C = l.C;
   const int64_t tiles = (C + CT - 1) / CT;
-  const int splits =
-      bwd_tile_splits(R, tiles, TY, sm_count(device), per_sm, BwdTileMaxR<T, M>::value);
-  if (splits < 1 || tiles > 65535) return false;
+  if (tiles > 65535) return false;
+  const int sms = sm_count(device);
+  const void* kernel = reinterpret_cast<const void*>(bn_bwd_tile_nhwc<T, CT, M>);
+  size_t smem = 0;
+  int splits = bwd_tile_splits(R, tiles, TY, sms, blocks_per_sm(kernel, 0, kBwdTileThreads),
+                               BwdTileMaxR<T, M>::value);
+  if (splits < 1) {
+    if (bwd_tile_stash_setting() == 0) return false;
+    constexpr int maxr = BwdTileMaxR<T, M, SR>::value;
+    kernel = reinterpret_cast<const void*>(bn_bwd_tile_nhwc<T, CT, M, SR>);
+    allow_dynamic_smem(kernel, device, bwd_stash_bytes(SR));
+    const int per_sm = blocks_per_sm(kernel, bwd_stash_bytes(SR), kBwdTileThreads);
+    splits = bwd_tile_splits(R, tiles, TY, sms, per_sm, maxr + SR);
+    if (splits < 1) return false;
+    const int64_t rows = (R + int64_t(splits) * TY - 1) / (int64_t(splits) * TY);
+    smem = bwd_stash_bytes(rows > maxr ? static_cast<int>(rows - maxr) : 1);
+  }
   at::Tensor ws = at::empty({tiles * splits * 3 * CT}, acc_opts);
   A* wsp = ws.data_ptr<A>();
   void* args[] = {&x, &g, &dx, &f, &wsp, &R, &C};
   return launch_cooperative(kernel, dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(splits)),
-                            dim3(TX, TY), args, 0, stream);
+                            dim3(TX, TY), args, smem, stream);
 }
 
 // Tries bn_bwd_tile_nhwc (channels-last 16-bit input in 16-byte packs, a reduction and
@@ -979,7 +1095,8 @@ bool launch_tile_backward(const Layout& l, const T* x, const T* g, T* dx,
   } else {
     if (!l.nhwc || (relu && !M) || bwd_tile_setting() == 0 || !cooperative_ok(device))
       return false;
-    if (l.C % 64 == 0)
+    const int ct = bwd_tile_ct();
+    if (ct == 64 || (ct == 0 && l.C % 64 == 0))
       return launch_tile_backward_ct<T, 64, M>(l, x, g, dx, f, acc_opts, device, stream);
     return launch_tile_backward_ct<T, 32, M>(l, x, g, dx, f, acc_opts, device, stream);
   }

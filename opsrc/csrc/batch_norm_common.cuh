@@ -29,8 +29,10 @@
 #include <cstring>
 #include <initializer_list>
 #include <mutex>
+#include <set>
 #include <string>
 #include <unordered_map>
+#include <utility>
 
 #include "env_setting.h"
 
@@ -390,6 +392,18 @@ inline bool cooperative_ok(int device) {
   }
   if (device >= 0 && device < 64) cached[device] = v ? 1 : 2;
   return v != 0;
+}
+
+// Allows `kernel` `bytes` of dynamic shared memory on `device` (needed above 48 KB): the
+// attribute is set once per kernel and device.
+inline void allow_dynamic_smem(const void* kernel, int device, size_t bytes) {
+  static std::mutex mu;
+  static std::set<std::pair<const void*, int>> done;
+  std::lock_guard<std::mutex> lock(mu);
+  if (done.count({kernel, device})) return;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(bytes)));
+  done.insert({kernel, device});
 }
 
 // cudaLaunchCooperativeKernel; false (error cleared) when the grid cannot be resident at once.

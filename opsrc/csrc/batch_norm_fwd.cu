@@ -1533,18 +1533,6 @@ const void* tile_kernel(bool once = false, bool stash = false) {
   return reinterpret_cast<const void*>(bn_tile_nhwc<T, CT, kTileThreads, kTileMaxR, 4>);
 }
 
-// Allows `kernel` kTileStashBytes of dynamic shared memory on `device` (once per kernel and
-// device; needed above 48 KB).
-inline void allow_stash_smem(const void* kernel, int device) {
-  static std::mutex mu;
-  static std::set<std::pair<const void*, int>> done;
-  std::lock_guard<std::mutex> lock(mu);
-  if (done.count({kernel, device})) return;
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(kTileStashBytes)));
-  done.insert({kernel, device});
-}
-
 template <typename T, int CT>
 TileGrid tile_grid_ct(int64_t R, int64_t C, int device) {
   constexpr int V = 16 / int(sizeof(T));
@@ -1565,7 +1553,8 @@ TileGrid tile_grid_stash(int64_t R, int64_t C, int device) {
     if (tile_nhwc_stash_setting() == 0) return g;
     constexpr int V = 16 / int(sizeof(T));
     constexpr int TY = kTileThreads / (CT / V);
-    for (bool once : {false, true}) allow_stash_smem(tile_kernel<T, CT>(once, true), device);
+    for (bool once : {false, true})
+      allow_dynamic_smem(tile_kernel<T, CT>(once, true), device, kTileStashBytes);
     const void* k0 = tile_kernel<T, CT>(false, true);
     const int per_sm = blocks_per_sm(k0, kTileStashBytes, kTileThreads);
     g.ct = CT;

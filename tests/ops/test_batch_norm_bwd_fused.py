@@ -44,6 +44,32 @@ _COMMON = textwrap.dedent(
         return torch.contiguous_format
 
 
+    def make_inputs(shape, dtype, fmt, seed, device="cuda"):
+        # x (mean 0.5, std 2) and grad_out in `dtype` and memory format `fmt`, weight / bias
+        # (float32 for half input, bfloat16 for bfloat16 input), float32 running statistics
+        gen = torch.Generator().manual_seed(seed)
+        c = shape[1]
+        x = (torch.randn(shape, generator=gen, dtype=torch.float64) * 2 + 0.5).to(dtype)
+        x = x.to(device).contiguous(memory_format=fmt)
+        gy = torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)
+        gy = gy.to(device).contiguous(memory_format=fmt)
+        pdt = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+        w = (torch.rand(c, generator=gen, dtype=torch.float64) + 0.5).to(pdt).to(device)
+        b = (torch.randn(c, generator=gen, dtype=torch.float64) * 0.3).to(pdt).to(device)
+        rm = (torch.randn(c, generator=gen, dtype=torch.float64) * 0.1).float().to(device)
+        rv = (torch.rand(c, generator=gen, dtype=torch.float64) + 0.5).float().to(device)
+        return x, gy, w, b, rm, rv
+
+
+    def tile_stash_rows(name):
+        # SR, the last template argument of bn_bwd_tile_nhwc<T, CT, M, SR> (0: registers only;
+        # -1: another kernel)
+        import re
+
+        m = re.search(r"bn_bwd_tile_nhwc<[^<>]*, (\\d+)>", name)
+        return int(m.group(1)) if m else -1
+
+
     def kernels(fn):
         # names of the BatchNorm backward kernels that fn launches; None when profiling fails
         try:
@@ -61,6 +87,8 @@ _COMMON = textwrap.dedent(
                             "bn_bwd_finalize"):
                     if key in e.name:
                         names.add(key)
+                if tile_stash_rows(e.name) > 0:
+                    names.add("bn_bwd_tile_nhwc+stash")
             return sorted(names)
         except Exception as exc:  # noqa: BLE001 - reported to the parent
             return "profiler failed: " + repr(exc)
@@ -106,17 +134,7 @@ _CHILD = _COMMON + textwrap.dedent(
         c = shape[1]
         for dname, dtype in DTYPES.items():
             seed += 1
-            gen = torch.Generator().manual_seed(seed)
-            x = (torch.randn(shape, generator=gen, dtype=torch.float64) * 2 + 0.5).to(dtype)
-            x = x.cuda().contiguous(memory_format=fmt)
-            gy0 = torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)
-            gy0 = gy0.cuda().contiguous(memory_format=fmt)
-            # half input with float32 parameters, bfloat16 input with bfloat16 parameters
-            pdt = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
-            w = (torch.rand(c, generator=gen, dtype=torch.float64) + 0.5).to(pdt).cuda()
-            b = (torch.randn(c, generator=gen, dtype=torch.float64) * 0.3).to(pdt).cuda()
-            rm = (torch.randn(c, generator=gen, dtype=torch.float64) * 0.1).float().cuda()
-            rv = (torch.rand(c, generator=gen, dtype=torch.float64) + 0.5).float().cuda()
+            x, gy0, w, b, rm, rv = make_inputs(shape, dtype, fmt, seed)
             for training in (True, False):
                 for act in ("none", "relu"):
                     for affine in (True, False):
@@ -206,8 +224,12 @@ _AUTO_CHILD = _COMMON + textwrap.dedent(
     # without ReLU, channels-last 16-bit: bn_bwd_tile_nhwc wherever a resident grid holds every row
     # in registers (ResNet-50's 14x14 and 7x7 BatchNorms at batch 64), else as above (25.7 MB:
     # the one-launch kernel)
+    # rows beyond the registers in shared memory (the stash variant): the 6.4M-element float16 /
+    # bfloat16 tensors (ResNet-50's (64,128,28,28) and (64,512,14,14), Conv+BN+ReLU's
+    # (32,64,56,56) block)
     for shape, dtype in (((64, 256, 14, 14), torch.float16), ((64, 512, 7, 7), torch.bfloat16),
-                         ((64, 256, 28, 28), torch.float16)):
+                         ((64, 256, 28, 28), torch.float16), ((32, 64, 56, 56), torch.float16),
+                         ((64, 128, 28, 28), torch.bfloat16), ((64, 512, 14, 14), torch.float16)):
         key = f"channels_last {list(shape)} {str(dtype).replace('torch.', '')} none"
         out[key] = backward_kernels(shape, dtype, "channels_last", True, (True, True, True), "none")
     print(json.dumps(out))
@@ -221,7 +243,8 @@ TOL = {"float32": 1e-4, "float16": 3e-3, "bfloat16": 1.5e-2}
 def _run_child(ops, code, args, env_value, singleread=None, extra=None, tile=None):
     env = dict(os.environ)
     for name in ("CUDADOCTOR_OPS_BN_FUSED_BWD", "CUDADOCTOR_OPS_BN_SINGLEREAD",
-                 "CUDADOCTOR_OPS_BN_BWD_NR", "CUDADOCTOR_OPS_BN_FIN_BLOCK", "CUDADOCTOR_OPS_BN_BWD_TILE"):
+                 "CUDADOCTOR_OPS_BN_BWD_NR", "CUDADOCTOR_OPS_BN_FIN_BLOCK", "CUDADOCTOR_OPS_BN_BWD_TILE",
+                 "CUDADOCTOR_OPS_BN_BWD_TILE_STASH", "CUDADOCTOR_OPS_BN_BWD_TILE_CT"):
         env.pop(name, None)
     env.update(extra or {})
     if tile is not None:
@@ -317,7 +340,15 @@ def test_one_launch_backward_size_limit(ops):
         layout = key.split()[0]
         one = "bn_bwd_fused_nhwc" if layout == "channels_last" else "bn_bwd_fused_nchw"
         if key.endswith(" none"):
-            want = [one] if "[64, 256, 28, 28]" in key else ["bn_bwd_tile_nhwc"]
+            if "[64, 256, 28, 28]" in key:
+                want = [one]
+            elif any(s in key for s in ("[32, 64, 56, 56]", "[64, 128, 28, 28]", "[64, 512, 14, 14]")):
+                # the stash fits these on a GPU of 132 SMs (an H200); elsewhere either tile variant
+                want = ["bn_bwd_tile_nhwc", "bn_bwd_tile_nhwc+stash"]
+                if torch.cuda.get_device_properties(0).multi_processor_count != 132 and "bn_bwd_tile_nhwc" in names:
+                    want = names
+            else:
+                want = ["bn_bwd_tile_nhwc"]
             assert names == want, (key, names)
         elif layout == "nchw" and "[64, 256, 14, 14]" in key and torch.cuda.get_device_properties(0).multi_processor_count <= 256:
             assert names == ["bn_bwd_singleread_nchw"], (key, names)
@@ -325,3 +356,75 @@ def test_one_launch_backward_size_limit(ops):
             assert one not in names and any("reduce" in k for k in names), (key, names)
         else:
             assert names == [one], (key, names)
+
+
+_STASH_CHILD = _COMMON + textwrap.dedent(
+    """
+    # channels-last 16-bit tensors whose rows a resident grid cannot hold in registers alone: on
+    # an H200, bn_bwd_tile_nhwc keeps the rest in shared memory. (32,64,56,56): one tile of 64 over
+    # 256 splits, 5 rows in shared memory; (16,96,56,56): tiles of 32 (or, with
+    # CUDADOCTOR_OPS_BN_BWD_TILE_CT=64, a half-idle second tile of 64); (17,40,61,67): an odd row
+    # count, a second tile with one pack, 1 row in shared memory for only part of the threads
+    SHAPES = [(32, 64, 56, 56), (16, 96, 56, 56), (17, 40, 61, 67)]
+    records = []
+    seed = 100
+    for shape in SHAPES:
+        c = shape[1]
+        for dtype in (torch.float16, torch.bfloat16):
+            seed += 1
+            x, gy, w, b, rm, rv = make_inputs(shape, dtype, torch.channels_last, seed)
+            for training in (True, False):
+                x64 = x.double().requires_grad_(True)
+                w64 = w.double().requires_grad_(True)
+                b64 = b.double().requires_grad_(True)
+                y64 = F.batch_norm(x64, rm.double(), rv.double(), w64, b64, training, 0.1, EPS)
+                rx, rw, rb = torch.autograd.grad(y64, (x64, w64, b64), gy.double())
+                # grad_input's rounding error scales with A * |g| (A = weight * invstd), as above
+                var64 = x64.detach().var((0, 2, 3), unbiased=False) if training else rv.double()
+                a64 = w.double().abs() * (var64 + EPS).rsqrt()
+                dx_scale = max(1.0, (a64.max() * gy.double().abs().max()).item())
+                _, sm, si, rs = OPS.batch_norm(x, w, b, rm, rv, training, EPS, "none")
+                for mask in ((True, True, True), (True, False, False)):
+                    run = lambda: OPS.batch_norm_backward(gy, x, w, b, sm, si, rs, training, "none", list(mask))
+                    dx, gw, gb = run()
+                    r = dict(shape=list(shape), dtype=str(dtype)[6:], training=training, mask=list(mask))
+                    r["dx"] = ((dx.double() - rx).abs().max() / dx_scale).item()
+                    r["gw"] = ((gw.double() - rw).abs().max() / rw.abs().max().clamp_min(1)).item() if mask[1] else None
+                    r["gb"] = ((gb.double() - rb).abs().max() / rb.abs().max().clamp_min(1)).item() if mask[2] else None
+                    r["cl"] = dx.is_contiguous(memory_format=torch.channels_last)
+                    # run twice: every block of a tile must compute the same coefficients
+                    r["repeat_equal"] = bool(torch.equal(run()[0], dx))
+                    r["kernels"] = kernels(run)
+                    records.append(r)
+            del x, gy
+    print(json.dumps({"records": records, "sms": torch.cuda.get_device_properties(0).multi_processor_count}))
+    """
+)
+
+
+@pytest.mark.parametrize("extra", [None, {"CUDADOCTOR_OPS_BN_BWD_TILE_CT": "64"}], ids=["default", "ct64"])
+def test_tile_backward_stash_vs_float64(ops, extra):
+    """bn_bwd_tile_nhwc with rows in shared memory (the 6.4M-element channels-last float16 /
+    bfloat16 backward without ReLU, with and without the parameter gradients, training and eval)
+    against float64 torch: grad_input, grad_weight, grad_bias, channels-last output, and the same
+    grad_input from a second call. On an H200 (132 SMs) every one of these that needs a reduction
+    runs the stash variant, with the default tile widths and with tiles of 64 forced."""
+    res = _run_child(ops, _STASH_CHILD, [], None, extra=extra)
+    records = res["records"]
+    assert len(records) == 3 * 2 * 2 * 2
+    bad = []
+    for r in records:
+        tol = TOL[r["dtype"]]
+        for k in ("dx", "gw", "gb"):
+            if r[k] is not None and not r[k] <= tol:
+                bad.append(f"{k} err {r[k]:.2e} > {tol:.0e}: {r}")
+        if not (r["cl"] and r["repeat_equal"]):
+            bad.append(f"layout or repeatability: {r}")
+        if res["sms"] == 132 and isinstance(r["kernels"], list):
+            # eval without parameter gradients needs no reduction: the apply kernel alone
+            reduces = r["training"] or r["mask"][1] or r["mask"][2]
+            if reduces and r["kernels"] != ["bn_bwd_tile_nhwc", "bn_bwd_tile_nhwc+stash"]:
+                bad.append(f"not the stash variant: {r}")
+            if not reduces and any("tile" in k or "reduce" in k for k in r["kernels"]):
+                bad.append(f"a reduction for eval grad_input alone: {r}")
+    assert not bad, f"{len(bad)} failures, first ones:\n" + "\n".join(bad[:20])

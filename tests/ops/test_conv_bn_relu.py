@@ -436,7 +436,7 @@ def test_backward_runs_batch_norm_kernels_with_the_mask(layout, monkeypatch):
 # probe(kernel names of the forward) under r[probe_key]; whether cbr_update_stats ran under
 # r["update_kernel"].
 _CBR_CHILD_COMMON = """
-import copy, json
+import copy, json, re
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -501,6 +501,8 @@ def train_steps(conv, bn, shape, dtype, cl, steps, probe_key, probe):
             torch.cuda.synchronize()
         bwd = " ".join(e.name for e in prof.events())
         r.setdefault("bwd_kernels", []).append(sorted({k for k in BWD_TAGS if k in bwd}))
+        # bn_bwd_tile_nhwc<T, CT, M, SR> with SR > 0: rows kept in shared memory
+        r.setdefault("bwd_stash", []).append(bool(re.search(r"bn_bwd_tile_nhwc<[^<>]*, [1-9][0-9]*>", bwd)))
         yr.backward(gy)
         e = {"out": rel(y, yr), "gx": rel(xo.grad, xr.grad), "gw": rel(conv.weight.grad, conv_r.weight.grad)}
         if cl:
@@ -606,6 +608,40 @@ def test_nhwc_tile_forward_matches_torch(tile):
             else:
                 assert "bn_bwd_tile_nhwc" not in ks and ks, (key, step, ks)
         _check_steps(key, r, 3, TOL[dtype], tracked)
+
+
+_CBR_STASH_CHILD = """
+# Conv+BN+ReLU's (32,64,56,56)->64 3x3 block and (64,128,28,28)->128 (6.4M-element outputs)
+cases = [((32, 64, 56, 56, 64, 3, 1, 1), {}), ((64, 128, 28, 28, 128, 3, 1, 1), {"momentum": 0.3})]
+out = {}
+for dtype in (torch.float16, torch.bfloat16):
+    for (n, ci, h, w, co, k, s, p), kw in cases:
+        conv, bn = make_block(ci, co, k, s, p, kw, dtype, True)
+        key = f"{str(dtype)[6:]}-{n}x{ci}x{h}x{w}-{co}"
+        out[key] = train_steps(conv, bn, (n, ci, h, w), dtype, True, 2, "tile",
+                               lambda names: "bn_tile_nhwc" in names)
+out["_sms"] = torch.cuda.get_device_properties(0).multi_processor_count
+print(json.dumps(out))
+"""
+
+
+@gpu
+@pytest.mark.gpu
+def test_nhwc_backward_with_rows_in_shared_memory_matches_torch():
+    """Two training steps of ConvBNReLU2d (channels_last float16 / bfloat16) on the blocks whose
+    6.4M-element outputs a resident grid cannot hold in registers: the masked backward runs on
+    bn_bwd_tile_nhwc with rows in shared memory (on an H200, 132 SMs), and output, running
+    statistics and every gradient match Conv2d -> BatchNorm2d -> ReLU."""
+    res = _run_cbr_child(_CBR_STASH_CHILD, "default")
+    sms = res.pop("_sms")
+    assert len(res) == 4
+    for key, r in res.items():
+        dtype = torch.float16 if key.startswith("float16") else torch.bfloat16
+        for step, ks in enumerate(r["bwd_kernels"]):
+            assert ks == ["bn_bwd_tile_nhwc"], (key, step, ks)
+        if sms == 132:
+            assert all(r["bwd_stash"]), (key, r["bwd_stash"])
+        _check_steps(key, r, 2, TOL[dtype], True)
 
 
 _CUDNN_STATS_CHILD = _CBR_TILE_CHILD.replace(
