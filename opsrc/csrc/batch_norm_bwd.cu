@@ -761,7 +761,6 @@ __global__ void __launch_bounds__(kBwdTileThreads, 2)
   constexpr int MAXR = BwdTileMaxR<T, M, SR>::value;
   constexpr int V = 16 / int(sizeof(T));
   constexpr int TX = CT / V;
-  constexpr int TY = THREADS / TX;
   constexpr int W = THREADS / 32;  // warps: phase 1's partials per channel
   constexpr int G = THREADS / CT;  // thread groups of phase 2, one partial per channel each
   constexpr int P1 = (W > G ? W : G) + 1;
@@ -769,14 +768,8 @@ __global__ void __launch_bounds__(kBwdTileThreads, 2)
   __shared__ A red[3][CT][P1];
   __shared__ A coef[3][CT];  // A, B, D per channel (the mean stays in registers)
   cg::grid_group grid = cg::this_grid();
-  const int tx = threadIdx.x;
-  const int tid = threadIdx.y * TX + tx;
-  const int lane = tid & 31, warp = tid >> 5;
-  const int tile = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
-  const int64_t cv = int64_t(tile) * TX + tx;
-  const bool active = cv < C / V;
-  const int64_t rstride = int64_t(splits) * TY;
-  const int64_t r0 = int64_t(split) * TY + threadIdx.y;
+  const auto [tx, tid, lane, warp, tile, split, splits, cv, rstride, r0, active] =
+      TileIndex<CT, V, THREADS>(C);
   A* wt = ws + int64_t(tile) * splits * 3 * CT;  // this tile's partials [splits][3][CT]
   Pack<T, V> px[MAXR], pg[MAXR];
   A mean[V];

@@ -219,12 +219,14 @@ __device__ __forceinline__ GridWarps grid_warps() {
 constexpr int kFinThreads = 128;
 constexpr int kFinBatch = 4;
 
-// Calls f(p[0], p[1], p[2]) for the partials p = pc + 3 * s of s = first, first + step, ... <
-// splits, in that order, with B of them loaded before the calls (B loads in flight instead of
-// one dependent round trip per partial). kZeros: f also gets (0, 0, 0) for the slots past
-// splits (for sums: no test per slot, so the compiler unrolls further).
-template <int B, bool kZeros = false, typename A, typename F>
-__device__ __forceinline__ void for_partials(const A* pc, int splits, int first, int step, F&& f) {
+// Calls f(p0, p1, p2) for the partials of splits s = first, first + step, ... < splits, in that
+// order, with B of them loaded before the calls (B loads in flight instead of one dependent
+// round trip per partial); load(s, p0, p1, p2) reads split s's partial. kZeros: f also gets
+// (0, 0, 0) for the slots past splits (for sums: no test per slot, so the compiler unrolls
+// further).
+template <int B, bool kZeros, typename A, typename L, typename F>
+__device__ __forceinline__ void for_batched_partials(int splits, int first, int step, L&& load,
+                                                     F&& f) {
   for (int s0 = first; s0 < splits; s0 += step * B) {
     A p0[B], p1[B], p2[B];
 #pragma unroll
@@ -233,16 +235,25 @@ __device__ __forceinline__ void for_partials(const A* pc, int splits, int first,
       p0[u] = 0;
       p1[u] = 0;
       p2[u] = 0;
-      if (s < splits) {
-        p0[u] = pc[s * 3 + 0];
-        p1[u] = pc[s * 3 + 1];
-        p2[u] = pc[s * 3 + 2];
-      }
+      if (s < splits) load(s, p0[u], p1[u], p2[u]);
     }
 #pragma unroll
     for (int u = 0; u < B; ++u)
       if (kZeros || s0 + step * u < splits) f(p0[u], p1[u], p2[u]);
   }
+}
+
+// for_batched_partials over one channel's partials p = pc + 3 * s.
+template <int B, bool kZeros = false, typename A, typename F>
+__device__ __forceinline__ void for_partials(const A* pc, int splits, int first, int step, F&& f) {
+  for_batched_partials<B, kZeros, A>(
+      splits, first, step,
+      [&](int s, A& p0, A& p1, A& p2) {
+        p0 = pc[s * 3 + 0];
+        p1 = pc[s * 3 + 1];
+        p2 = pc[s * 3 + 2];
+      },
+      f);
 }
 
 // One row's pack of V channels into a thread's per-channel Welford states (values shifted by K;
@@ -279,6 +290,32 @@ __device__ __forceinline__ void welford_rows_nhwc(const T* __restrict__ x, int64
   }
 }
 
+// Coordinates of a thread in the channel-tiled kernels (bn_tile_nhwc, bn_bwd_tile_nhwc): blocks
+// of THREADS threads, threadIdx.x over the TX = CT / V packs of a tile's channels and threadIdx.y
+// over TY rows; grid (channel tiles, row splits). The thread owns pack cv (channels cv * V ..) of
+// rows r0, r0 + rstride, ...; active: cv is inside the tensor's C / V packs. Taken apart by a
+// structured binding in the kernels.
+template <int CT, int V, int THREADS>
+struct TileIndex {
+  static constexpr int TX = CT / V;
+  static constexpr int TY = THREADS / TX;
+  int tx, tid, lane, warp, tile, split, splits;
+  int64_t cv, rstride, r0;
+  bool active;
+  __device__ __forceinline__ explicit TileIndex(int64_t C)
+      : tx(threadIdx.x),
+        tid(threadIdx.y * TX + threadIdx.x),
+        lane(tid & 31),
+        warp(tid >> 5),
+        tile(blockIdx.x),
+        split(blockIdx.y),
+        splits(gridDim.y),
+        cv(int64_t(tile) * TX + tx),
+        rstride(int64_t(splits) * TY),
+        r0(int64_t(split) * TY + threadIdx.y),
+        active(cv < C / V) {}
+};
+
 // Calls f(p0, p1, p2) for the partials of channel j of a tile in the channel-tiled kernels
 // (bn_tile_nhwc, bn_bwd_tile_nhwc; the tile's partials wt [splits][3][CT]) of splits s = first,
 // first + step, ... < splits, in that order, with B of them loaded before the calls. The partials
@@ -286,25 +323,15 @@ __device__ __forceinline__ void welford_rows_nhwc(const T* __restrict__ x, int64
 template <int B, int CT, typename A, typename F>
 __device__ __forceinline__ void for_tile_partials(const A* wt, int j, int splits, int first,
                                                   int step, F&& f) {
-  for (int s0 = first; s0 < splits; s0 += step * B) {
-    A p0[B], p1[B], p2[B];
-#pragma unroll
-    for (int u = 0; u < B; ++u) {
-      const int s = s0 + u * step;
-      p0[u] = 0;
-      p1[u] = 0;
-      p2[u] = 0;
-      if (s < splits) {
+  for_batched_partials<B, false, A>(
+      splits, first, step,
+      [&](int s, A& p0, A& p1, A& p2) {
         const A* q = wt + int64_t(s) * 3 * CT + j;
-        p0[u] = __ldcg(q);
-        p1[u] = __ldcg(q + CT);
-        p2[u] = __ldcg(q + 2 * CT);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < B; ++u)
-      if (s0 + u * step < splits) f(p0[u], p1[u], p2[u]);
-  }
+        p0 = __ldcg(q);
+        p1 = __ldcg(q + CT);
+        p2 = __ldcg(q + 2 * CT);
+      },
+      f);
 }
 
 // Stores block `split`'s partial (p0, p1, p2) of channel j into a tile's partials wt

@@ -814,7 +814,6 @@ __global__ void __launch_bounds__(THREADS, TileMinBlocks<T, THREADS>::value)
   using A = typename Acc<T>::type;
   constexpr int V = 16 / int(sizeof(T));
   constexpr int TX = CT / V;
-  constexpr int TY = THREADS / TX;
   constexpr int W = THREADS / 32;  // warps: the partials of phase 1's cross-warp merge
   constexpr int G = THREADS / CT;  // thread groups of phase 2, one partial per channel each
   constexpr int P1 = (W > G ? W : G) + 1;  // odd row length: few bank conflicts
@@ -825,14 +824,8 @@ __global__ void __launch_bounds__(THREADS, TileMinBlocks<T, THREADS>::value)
   __shared__ A coef[3][CT];
   __shared__ A s_momentum;
   cg::grid_group grid = cg::this_grid();
-  const int tx = threadIdx.x;
-  const int tid = threadIdx.y * TX + tx;
-  const int lane = tid & 31, warp = tid >> 5;
-  const int tile = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
-  const int64_t cv = int64_t(tile) * TX + tx;
-  const bool active = cv < C / V;
-  const int64_t rstride = int64_t(splits) * TY;
-  const int64_t r0 = int64_t(split) * TY + threadIdx.y;
+  const auto [tx, tid, lane, warp, tile, split, splits, cv, rstride, r0, active] =
+      TileIndex<CT, V, THREADS>(C);
   const T* xc = x + cv * V;  // this thread's channels in row 0
   A* wt = ws + int64_t(tile) * splits * 3 * CT;  // this tile's partials [splits][3][CT]
   Pack<T, V> p[MAXR];
@@ -1193,6 +1186,27 @@ __global__ void __launch_bounds__(kSingleReadThreads, 2)
   }
 }
 
+// Dynamic shared memory of bn_singleread_nchw for layout l (a channel's N * H*W values of
+// elem_bytes each, then with the mask (with_mask) its rows' 32-bit words), or 0 where the kernel
+// does not apply: switched off, fewer channels than SMs unless forced, more than
+// kSingleReadMaxBytes, a mask (numel bytes) not 4-byte aligned or short of the tensor's words.
+inline int64_t singleread_smem_bytes(const Layout& l, int64_t elem_bytes, int device,
+                                     bool with_mask = false, const void* mask = nullptr,
+                                     int64_t mask_numel = 0) {
+  const int setting = singleread_setting();
+  if (setting == 0 || l.C > int64_t(INT32_MAX) || device < 0 || device >= 64) return 0;
+  int64_t bytes = l.N * l.HW * elem_bytes;
+  if (bytes > kSingleReadMaxBytes || bytes == 0) return 0;
+  if (setting < 0 && l.C < sm_count(device)) return 0;
+  if (with_mask) {
+    const int64_t words = (l.N * l.C * l.HW + 31) / 32;
+    if (reinterpret_cast<uintptr_t>(mask) % 4 != 0 || mask_numel < 4 * words) return 0;
+    bytes = ((bytes + 15) & ~int64_t(15)) + l.N * mask_words_per_row(l.HW) * 4;
+    if (bytes > kSingleReadMaxBytes) return 0;
+  }
+  return bytes;
+}
+
 // Tries the single-read contiguous training forward; false when it does not apply (nothing
 // launched). M: with the ReLU mask (see the kernel; mask: numel bytes, zeroed here when rows
 // share words).
@@ -1200,21 +1214,10 @@ template <typename T, int V, bool M = false>
 bool launch_singleread_nchw(const Layout& l, const T* x, T* y, const FwdArgs<typename Acc<T>::type>& f,
                             bool relu, int device, cudaStream_t stream, uint8_t* mask = nullptr,
                             int64_t mask_numel = 0) {
-  const int setting = singleread_setting();
-  if (setting == 0) return false;
-  int64_t bytes = l.N * l.HW * int64_t(sizeof(T));
-  if (bytes > kSingleReadMaxBytes || bytes == 0) return false;
-  if (setting < 0 && l.C < sm_count(device)) return false;
-  if (l.C > int64_t(INT32_MAX)) return false;
+  const int64_t bytes = singleread_smem_bytes(l, int64_t(sizeof(T)), device, M, mask, mask_numel);
+  if (bytes == 0) return false;
   const int64_t wr = M ? mask_words_per_row(l.HW) : 0;
-  if constexpr (M) {
-    const int64_t words = (l.N * l.C * l.HW + 31) / 32;
-    if (reinterpret_cast<uintptr_t>(mask) % 4 != 0 || mask_numel < 4 * words) return false;
-    bytes = ((bytes + 15) & ~int64_t(15)) + l.N * wr * 4;
-    if (bytes > kSingleReadMaxBytes) return false;
-  }
   static bool attr_set[64] = {false};  // per instantiation and device
-  if (device < 0 || device >= 64) return false;
   if (!attr_set[device]) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(bn_singleread_nchw<T, V, M>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1953,13 +1956,8 @@ void batch_norm_update_stats_cuda(const at::Tensor& running_mean, const at::Tens
 // (launch_singleread_nchw's conditions, checked before anything is launched: with H*W % 8 != 0
 // nothing else can write the mask).
 bool singleread_mask_fits(const Layout& l, at::ScalarType st, const at::Tensor& mask, int device) {
-  const int setting = singleread_setting();
-  if (setting == 0 || l.C > int64_t(INT32_MAX) || device < 0 || device >= 64) return false;
-  if (setting < 0 && l.C < sm_count(device)) return false;
-  const int64_t bytes = l.N * l.HW * int64_t(c10::elementSize(st));
-  const int64_t words = (l.N * l.C * l.HW + 31) / 32;
-  if (reinterpret_cast<uintptr_t>(mask.data_ptr()) % 4 != 0 || mask.numel() < 4 * words) return false;
-  return bytes > 0 && ((bytes + 15) & ~int64_t(15)) + l.N * mask_words_per_row(l.HW) * 4 <= kSingleReadMaxBytes;
+  return singleread_smem_bytes(l, int64_t(c10::elementSize(st)), device, true, mask.data_ptr(),
+                               mask.numel()) > 0;
 }
 
 // Contiguous training forward with ReLU and mask (see batch_norm_relu_mask_train):

@@ -516,6 +516,19 @@ def train_steps(conv, bn, shape, dtype, cl, steps, probe_key, probe):
             e["nbt"] = [int(bn.num_batches_tracked), int(bn_r.num_batches_tracked)]
         r[f"step{step}"] = e
     return r
+
+
+# train_steps over (N, C_in, H, W, C_out, kernel, stride, padding), BatchNorm2d keywords cases,
+# channels_last float16 and bfloat16, probe's answers under "tile"; keyed by dtype, shape, C_out
+# (and the keywords when with_kw)
+def run_cases(cases, steps, probe, with_kw=True):
+    out = {}
+    for dtype in (torch.float16, torch.bfloat16):
+        for (n, ci, h, w, co, k, s, p), kw in cases:
+            conv, bn = make_block(ci, co, k, s, p, kw, dtype, True)
+            key = f"{str(dtype)[6:]}-{n}x{ci}x{h}x{w}-{co}" + (f"-{kw}" if with_kw else "")
+            out[key] = train_steps(conv, bn, (n, ci, h, w), dtype, True, steps, "tile", probe)
+    return out
 """
 
 
@@ -567,13 +580,7 @@ cases = [
     ((4, 16, 14, 14, 72, 3, 1, 1), {"track_running_stats": False}),
     ((3, 8, 7, 9, 13, 3, 1, 1), {}),  # C_out = 13: not a multiple of 8, the CBR kernels
 ]
-out = {}
-for dtype in (torch.float16, torch.bfloat16):
-    for (n, ci, h, w, co, k, s, p), kw in cases:
-        conv, bn = make_block(ci, co, k, s, p, kw, dtype, True)
-        key = f"{str(dtype)[6:]}-{n}x{ci}x{h}x{w}-{co}-{kw}"
-        out[key] = train_steps(conv, bn, (n, ci, h, w), dtype, True, 3, "tile",
-                               lambda names: "bn_tile_nhwc" in names)
+out = run_cases(cases, 3, lambda names: "bn_tile_nhwc" in names)
 print(json.dumps(out))
 """
 
@@ -613,13 +620,7 @@ def test_nhwc_tile_forward_matches_torch(tile):
 _CBR_STASH_CHILD = """
 # Conv+BN+ReLU's (32,64,56,56)->64 3x3 block and (64,128,28,28)->128 (6.4M-element outputs)
 cases = [((32, 64, 56, 56, 64, 3, 1, 1), {}), ((64, 128, 28, 28, 128, 3, 1, 1), {"momentum": 0.3})]
-out = {}
-for dtype in (torch.float16, torch.bfloat16):
-    for (n, ci, h, w, co, k, s, p), kw in cases:
-        conv, bn = make_block(ci, co, k, s, p, kw, dtype, True)
-        key = f"{str(dtype)[6:]}-{n}x{ci}x{h}x{w}-{co}"
-        out[key] = train_steps(conv, bn, (n, ci, h, w), dtype, True, 2, "tile",
-                               lambda names: "bn_tile_nhwc" in names)
+out = run_cases(cases, 2, lambda names: "bn_tile_nhwc" in names, with_kw=False)
 out["_sms"] = torch.cuda.get_device_properties(0).multi_processor_count
 print(json.dumps(out))
 """
