@@ -1,6 +1,6 @@
 """Kernels to look at under Nsight Compute, run once each between cudaProfilerStart/Stop.
 
-    ncu --profile-from-start off --section SpeedOfLight ... python scripts/gpu_ncu.py [dw] [bn] [bnh] [bnbig] [bnstats] [tile] [dws] [dwk5]
+    ncu --profile-from-start off --section SpeedOfLight ... python scripts/gpu_ncu.py [dw] [bn] [bnh] [bnbig] [bnstats] [tile] [bwdtile] [dws] [dwk5]
 
 Each case runs ours and torch's version twice before the profiled region (so lazy set-up, cuDNN
 heuristics and caches stay out of it), then once inside it.
@@ -15,6 +15,18 @@ import torch.nn.functional as F
 
 import cudadoctor_ops as ops
 from gpu_profile import bn_tensors, dw_tensors  # scripts/ is sys.path[0] when run as a script
+
+
+def backward_cases(tag, x, w, b, rm, rv):
+    """BatchNorm's training backward (no ReLU) through autograd, ours and torch's, on x."""
+    xg, wg, bg = (t.detach().requires_grad_(True) for t in (x, w, b))
+    gy = torch.randn_like(x)
+    yo = ops.batch_norm(xg, rm.clone(), rv.clone(), wg, bg, True)
+    yt = F.batch_norm(xg, rm.clone(), rv.clone(), wg, bg, True)
+    return [(tag + " backward ours",
+             lambda y=yo, i=(xg, wg, bg), g=gy: torch.autograd.grad(y, i, g, retain_graph=True)),
+            (tag + " backward torch",
+             lambda y=yt, i=(xg, wg, bg), g=gy: torch.autograd.grad(y, i, g, retain_graph=True))]
 
 
 def cases(parts):
@@ -52,14 +64,7 @@ def cases(parts):
                     lambda x=x, rm=rm, rv=rv, w=w, b=b: ops.batch_norm(x, rm, rv, w, b, True)))
         out.append((tag + " train fwd torch",
                     lambda x=x, rm=rm, rv=rv, w=w, b=b: F.batch_norm(x, rm, rv, w, b, True)))
-        xg, wg, bg = (t.detach().requires_grad_(True) for t in (x, w, b))
-        gy = torch.randn_like(x)
-        yo = ops.batch_norm(xg, rm.clone(), rv.clone(), wg, bg, True)
-        yt = F.batch_norm(xg, rm.clone(), rv.clone(), wg, bg, True)
-        out.append((tag + " backward ours",
-                    lambda y=yo, i=(xg, wg, bg), g=gy: torch.autograd.grad(y, i, g, retain_graph=True)))
-        out.append((tag + " backward torch",
-                    lambda y=yt, i=(xg, wg, bg), g=gy: torch.autograd.grad(y, i, g, retain_graph=True)))
+        out += backward_cases(tag, x, w, b, rm, rv)
     if "bnstats" in parts:
         # the channels-last float16 training forward of the three-launch path alone (run once per
         # CUDADOCTOR_OPS_BN_STATS_PIPE setting: the statistics kernel's variants)
@@ -83,6 +88,11 @@ def cases(parts):
         yo = ops.batch_norm(xg, rm.clone(), rv.clone(), wg, bg, True, activation="relu")
         out.append((tag + " backward relu ours",
                     lambda y=yo, i=(xg, wg, bg), g=gy: torch.autograd.grad(y, i, g, retain_graph=True)))
+    if "bwdtile" in parts:
+        # bn_bwd_tile_nhwc with rows in shared memory (float16 channels-last backward without ReLU,
+        # 6.4M elements) against cuDNN's semi-persistent backward
+        for shape in [(32, 64, 56, 56), (64, 128, 28, 28)]:
+            out += backward_cases(f"bn {shape} float16 nhwc", *bn_tensors(shape, torch.float16, True))
     # single depthwise forward rows: dws, (1,64,128,128) float32 3x3, below its 2x target;
     # dwk5, (64,240,28,28) float16 channels_last 5x5, the forward row cuDNN's fp16 kernel still wins
     for part, (n, c, h, w), k, dt, cl in [("dws", (1, 64, 128, 128), 3, torch.float32, False),
