@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import cudnn_stats
+from ._args import int_pair
 
 __all__ = ["conv_bn_relu", "ConvBNReLU2d", "fuse_conv_bn_relu"]
 
@@ -69,16 +70,7 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _pair(value, name: str) -> list[int]:
-    if isinstance(value, bool):
-        raise ValueError(f"conv_bn_relu: {name} must be an int or a pair of ints, got {value!r}")
-    if isinstance(value, int):
-        return [value, value]
-    vals = list(value)
-    if len(vals) == 1:
-        vals = vals * 2
-    if len(vals) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in vals):
-        raise ValueError(f"conv_bn_relu: {name} must be an int or a pair of ints, got {value!r}")
-    return vals
+    return int_pair(value, name, "conv_bn_relu", ValueError)
 
 
 def _uses_depthwise(input: Tensor, weight: Tensor, groups: int) -> bool:

@@ -32,6 +32,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from ._args import int_pair
+
 __all__ = ["depthwise_conv2d", "DepthwiseConv2d"]
 
 _IMPLS = {"auto": 0, "direct": 1, "tiled_v1": 2, "nhwc_v3": 3, "v2": 4, "nhwc_v4": 5}
@@ -43,16 +45,7 @@ _ops = torch.ops.cudadoctor_ops
 
 
 def _pair(value: int | Sequence[int], name: str) -> list[int]:
-    if isinstance(value, bool):
-        raise TypeError(f"depthwise_conv2d: {name} must be an int or a pair of ints, got {value!r}")
-    if isinstance(value, int):
-        return [value, value]
-    vals = list(value)
-    if len(vals) == 1:
-        vals = vals * 2
-    if len(vals) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in vals):
-        raise TypeError(f"depthwise_conv2d: {name} must be an int or a pair of ints, got {value!r}")
-    return vals
+    return int_pair(value, name, "depthwise_conv2d", TypeError)
 
 
 def _impl_code(impl: str | None) -> int:

@@ -1126,6 +1126,11 @@ def test_bad_arguments_give_clear_errors(device):
         call(x[0], w, None, g, b)
     with pytest.raises(ValueError, match="padding"):
         call(x, w, None, g, b, padding=-1)
+    # not an int or a pair of ints: the argument named, not a bare "'float' object is not iterable"
+    for kw in ({"stride": 1.5}, {"padding": (1, 1, 1)}, {"dilation": True}, {"stride": (1, 2.0)}):
+        name = next(iter(kw))
+        with pytest.raises(ValueError, match=f"conv_bn_relu: {name} must be an int or a pair of ints"):
+            call(x, w, None, g, b, **kw)
     with pytest.raises(ValueError, match="more than 1 value per channel"):
         call(x[:1, :, :3, :3], w, None, g, b, padding=0)
     with pytest.raises(ValueError, match="eval_impl"):

@@ -285,6 +285,8 @@ def test_bad_arguments_raise_clear_errors():
         depthwise_conv2d(torch.randn(1, 4, 2, 2, device=DEV), w)
     with pytest.raises(TypeError, match="stride"):
         depthwise_conv2d(x, w, stride=(1, 2, 3))
+    with pytest.raises(TypeError, match="depthwise_conv2d: padding must be an int or a pair of ints"):
+        depthwise_conv2d(x, w, padding=1.5)
     with pytest.raises(RuntimeError, match="input dtype must be"):
         depthwise_conv2d(x.int(), w.int())
 
