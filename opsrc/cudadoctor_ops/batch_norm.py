@@ -4,7 +4,9 @@
 in-place update of the running statistics with the unbiased variance when training, the running
 statistics in eval mode, optional affine parameters) plus ``activation="relu"``.
 ``BatchNorm1d/2d/3d`` are drop-in subclasses of torch's modules (same parameters, buffers and
-state_dict) with an ``activation`` argument.
+state_dict) with an ``activation`` argument; on a tensor that is not on a CUDA device (a model
+moved to the CPU, meta tensors) they run torch's own ``F.batch_norm`` (and ReLU), like torch's
+modules.
 
 Ops (schemas in csrc/ops.cpp, kernels in csrc/batch_norm_*.cu, autograd and the composite in
 csrc/batch_norm_host.cpp):
@@ -20,6 +22,7 @@ import math
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = ["batch_norm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d"]
@@ -203,17 +206,13 @@ class _FusedBatchNorm:
                 factor = 1.0 / float(self.num_batches_tracked)
         use_batch_stats = self.training or (self.running_mean is None and self.running_var is None)
         keep = not self.training or self.track_running_stats
-        return batch_norm(
-            input,
-            self.running_mean if keep else None,
-            self.running_var if keep else None,
-            self.weight,
-            self.bias,
-            use_batch_stats,
-            factor,
-            self.eps,
-            self.activation,
-        )
+        args = (self.running_mean if keep else None, self.running_var if keep else None, self.weight,
+                self.bias, use_batch_stats, factor, self.eps)
+        if input.device.type != "cuda":
+            # the kernels are CUDA only: elsewhere the module is torch's, as a drop-in must be
+            y = F.batch_norm(input, *args)
+            return F.relu(y) if self.activation == "relu" else y
+        return batch_norm(input, *args, self.activation)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", activation={self.activation!r}"

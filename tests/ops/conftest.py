@@ -42,6 +42,16 @@ def ops():
         pytest.skip("torch is not installed")
     if not torch.cuda.is_available():
         pytest.skip("needs an NVIDIA GPU and a CUDA build of torch (none visible)")
+    return _built_ops()
+
+
+@pytest.fixture(scope="session")
+def ops_built():
+    """The cudadoctor_ops module wherever it is built (CPU-only machines too); skips otherwise."""
+    return _built_ops()
+
+
+def _built_ops():
     mod, why = _import_ops()
     if mod is None:
         pytest.skip(

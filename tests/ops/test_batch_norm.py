@@ -410,6 +410,43 @@ class TestModules:
         close(ours(x), torch.relu(ref(x)).double(), torch.float32, what="eval output")
         assert "activation='relu'" in repr(ours)
 
+    @pytest.mark.parametrize(
+        "cls,shape", [("BatchNorm1d", (8, 6, 10)), ("BatchNorm2d", (8, 6, 5, 5)), ("BatchNorm3d", (4, 6, 3, 4, 5))]
+    )
+    @pytest.mark.parametrize("activation", ["none", "relu"])
+    @pytest.mark.parametrize("momentum", [0.1, None])
+    def test_modules_off_cuda_run_torch(self, ops_built, cls, shape, activation, momentum):
+        """On CPU tensors (no CUDA kernel there) the modules are torch's: the same output, input
+        and parameter gradients, running statistics and num_batches_tracked as torch's module
+        (+ ReLU), bit for bit, over training steps and eval; no GPU needed."""
+        torch.manual_seed(0)
+        ours = getattr(ops_built, cls)(6, momentum=momentum, activation=activation)
+        ref = getattr(torch.nn, cls)(6, momentum=momentum)
+        with torch.no_grad():
+            ref.weight.uniform_(0.5, 1.5)
+            ref.bias.normal_()
+            ref.running_mean.normal_()
+        ours.load_state_dict(ref.state_dict())
+        for step, training in enumerate((True, True, False)):
+            ours.train(training)
+            ref.train(training)
+            x = torch.randn(shape) * 2 + 1
+            xo, xr = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+            y, yr = ours(xo), ref(xr)
+            if activation == "relu":
+                yr = torch.relu(yr)
+            assert torch.equal(y, yr), (step, (y - yr).abs().max())
+            g = torch.randn_like(y)
+            y.backward(g)
+            yr.backward(g)
+            assert torch.equal(xo.grad, xr.grad), step
+            for name in ("weight", "bias"):
+                assert torch.equal(getattr(ours, name).grad, getattr(ref, name).grad), (step, name)
+                getattr(ours, name).grad = getattr(ref, name).grad = None
+            for k, v in ref.state_dict().items():
+                assert torch.equal(ours.state_dict()[k], v), (step, k)
+        assert int(ours.num_batches_tracked) == 2
+
     def test_torch_compile_fullgraph(self, ops):
         torch.manual_seed(0)
 
