@@ -32,6 +32,19 @@ __device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, boo
 #endif
 }
 
+// 4-byte copy with zero fill (cp.async.ca: the smallest size cp.async copies), for rows that do
+// not start on a 16-byte boundary.
+__device__ __forceinline__ void cp_async4_zfill(void* dst, const void* src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src),
+               "r"(valid ? 4 : 0)
+               : "memory");
+#else
+  *static_cast<float*>(dst) = valid ? *static_cast<const float*>(src) : 0.f;
+#endif
+}
+
 // Closes the group of the copies this thread issued since the last commit.
 __device__ __forceinline__ void cp_async_commit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800

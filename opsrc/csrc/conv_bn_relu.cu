@@ -49,6 +49,7 @@
 
 #include "batch_norm.h"
 #include "batch_norm_common.cuh"
+#include "conv3x3_tf32.h"
 
 namespace cg = cooperative_groups;
 
@@ -2162,15 +2163,16 @@ std::atomic<bool> g_cudnn_relu_failed{false};
 
 // Inference: relu(conv(input, weight) + bias), one cuDNN launch where it can (impl 0), else the
 // convolution and one in-place bias + ReLU epilogue (impl 1, and whenever cuDNN's fused engine
-// does not apply).
+// does not apply). impl 2: the direct TF32 kernel of conv3x3_tf32.cu where it applies and torch
+// lets cuDNN's convolutions use TF32 (torch.backends.cudnn.allow_tf32), else impl 0.
 at::Tensor conv_bias_relu_cuda(const at::Tensor& input, const at::Tensor& weight,
                                const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
                                at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
                                int64_t impl) {
   constexpr const char* op = "cudadoctor_ops.conv_bias_relu";
   check_common(op, input, weight, stride, padding, dilation, groups);
-  TORCH_CHECK(impl == 0 || impl == 1, op, ": impl must be 0 (auto) or 1 (epilogue kernel), got ",
-              impl);
+  TORCH_CHECK(impl >= 0 && impl <= 2, op,
+              ": impl must be 0 (auto), 1 (epilogue kernel) or 2 (direct TF32 kernel), got ", impl);
   const bool has_bias = bias.has_value() && bias->defined();
   if (has_bias) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0), op,
@@ -2184,6 +2186,12 @@ at::Tensor conv_bias_relu_cuda(const at::Tensor& input, const at::Tensor& weight
   c10::cuda::CUDAGuard guard(input.device());
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKeySet(c10::DispatchKey::AutocastCUDA));
   const auto st = input.scalar_type();
+  if (impl == 2) {
+    if (tf32conv::tf32_allowed() &&
+        tf32conv::applies(input, weight, stride, padding, dilation, groups))
+      return tf32conv::conv3x3_bias_relu(input, weight, bias);
+    impl = 0;
+  }
   // cuDNN's fused conv+bias+ReLU engines: plain convolutions with tensor-core friendly channel
   // counts only; everything else (grouped, depthwise, odd channel counts, float64) takes the
   // epilogue path

@@ -169,8 +169,9 @@ def _depthwise_cases():
 
 
 def _cbr_case(name, n, cin, cout, h, w, k, *, training, backward, groups=1, stride=1, dtype=torch.float32,
-              channels_last=False, conv_bias=True):
+              channels_last=False, conv_bias=True, eval_impl="auto"):
     pad = k // 2
+    tf32 = eval_impl == "tf32"  # TF32 products: allowed for this case only, with TF32's tolerance
 
     def inputs():
         x = _randn(n, cin, h, w, dtype=dtype, channels_last=channels_last, requires_grad=backward)
@@ -185,10 +186,11 @@ def _cbr_case(name, n, cin, cout, h, w, k, *, training, backward, groups=1, stri
     def run(x, cw, cb, bw, bb, rm, rv):
         import cudadoctor_ops
 
-        torch.backends.cudnn.allow_tf32 = False  # compare full fp32 convolutions with the reference
+        torch.backends.cudnn.allow_tf32 = tf32  # else full fp32 convolutions, compared with the reference
         torch.backends.cuda.matmul.allow_tf32 = False
         g = incoming(x, cw, cb, bw, bb, rm, rv) if backward else None
-        y = cudadoctor_ops.conv_bn_relu(x, cw, cb, bw, bb, rm, rv, training, 0.1, 1e-5, stride, pad, 1, groups)
+        y = cudadoctor_ops.conv_bn_relu(x, cw, cb, bw, bb, rm, rv, training, 0.1, 1e-5, stride, pad, 1, groups,
+                                        eval_impl=eval_impl)
         if not backward:
             return y, rm, rv
         y.backward(g.to(y.dtype).to(y.device))
@@ -217,7 +219,7 @@ def _cbr_case(name, n, cin, cout, h, w, k, *, training, backward, groups=1, stri
         y.backward(incoming(x, cw, cb, bw, bb, rm, rv).to(y.device))
         return _grads(x64, cw64, cb64, bw64, bb64) + (rm64, rv64)
 
-    atol, rtol = _TOL[dtype]
+    atol, rtol = (1e-3, 1e-3) if tf32 else _TOL[dtype]
     return {"name": f"conv_bn_relu/{name}", "op": "conv_bn_relu", "inputs": inputs, "run": run,
             "reference": reference, "atol": atol * 10, "rtol": rtol * 10}
 
@@ -241,6 +243,12 @@ def _conv_bn_relu_cases():
         # the same with rows in shared memory (see batch_norm's stash case): the masked backward
         _cbr_case("train_bwd_channels_last_fp16_stash", 3, 8, 8, 210, 210, 3, training=True, backward=True,
                   dtype=torch.float16, channels_last=True, conv_bias=False),
+        # float32 NCHW 3x3 inference on the direct TF32 kernel: rows of 12 floats (16-byte loads)
+        # and of 9 (one float each); 64 / 128 output channels (one / two blocks of 64), tiles that
+        # end past the image
+        _cbr_case("eval_fwd_tf32", 2, 8, 64, 7, 12, 3, training=False, backward=False, eval_impl="tf32"),
+        _cbr_case("eval_fwd_tf32_odd_rows", 1, 16, 128, 11, 9, 3, training=False, backward=False,
+                  eval_impl="tf32"),
     ]
 
 

@@ -60,9 +60,13 @@ _DEVICES = ("cuda", "cpu")  # device types with kernels; others run the torch op
 
 # Inference implementations. "cudnn": one cuDNN fused conv+bias+ReLU call where cuDNN has an
 # engine for it (else the epilogue path); "epilogue": the convolution, then one bias+ReLU kernel;
-# "auto": the faster of those (and, for NCHW input, of the same with a channels_last convolution
-# inside), timed once per shape on first use. The functional API treats "auto" as "cudnn".
-EVAL_IMPLS = {"auto": 0, "cudnn": 0, "epilogue": 1}
+# "tf32": float32 NCHW 3x3 convolutions (stride 1, padding 1, groups 1, input channels a multiple
+# of 8, output channels of 64) on the direct TF32 tensor-core kernel (csrc/conv3x3_tf32.cu) with
+# bias and ReLU in its epilogue, where torch lets cuDNN use TF32 for float32 convolutions (its
+# default), else "cudnn"; "auto": the fastest of those that apply (and, for NCHW input, of cudnn /
+# epilogue with a channels_last convolution inside), timed once per shape on first use. The
+# functional API treats "auto" as "cudnn".
+EVAL_IMPLS = {"auto": 0, "cudnn": 0, "epilogue": 1, "tf32": 2}
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -338,8 +342,8 @@ def conv_bn_relu(
     channels_last. conv_weight / conv_bias have the input's dtype; bn_weight, bn_bias and the
     running statistics have the input's dtype or float32. training=True normalises with the batch
     statistics and updates running_mean / running_var in place; training=False uses them (BN
-    folded into the convolution; eval_impl "cudnn" (= "auto" here) or "epilogue"). CPU tensors
-    run the torch ops.
+    folded into the convolution; eval_impl "cudnn" (= "auto" here), "epilogue" or "tf32"). CPU
+    tensors run the torch ops.
     """
     _check_args(input, conv_weight, bn_weight, running_mean, running_var, training, momentum, eps, groups)
     stride_, padding_, dilation_ = _pair(stride, "stride"), _pair(padding, "padding"), _pair(dilation, "dilation")
@@ -381,7 +385,23 @@ class _FoldCache:
 
 # (input shape, dtype, channels_last, weight shape, conv args, device) -> name of the fastest variant
 _TUNED: dict = {}
-_VARIANTS = ("cudnn", "epilogue", "cudnn, channels_last inside", "epilogue, channels_last inside")
+_VARIANTS = ("cudnn", "epilogue", "cudnn, channels_last inside", "epilogue, channels_last inside", "tf32")
+
+
+def _as_pair(v) -> tuple:
+    return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
+
+
+def _tf32_shape(input: Tensor, weight: Tensor, conv_args: tuple) -> bool:
+    """Whether the "tf32" variant's kernel takes this convolution (csrc/conv3x3_tf32.h: applies;
+    whether TF32 is allowed is checked at each call)."""
+    stride, padding, dilation, groups = conv_args
+    return (
+        input.dtype == torch.float32 and input.dim() == 4 and input.is_contiguous() and weight.dim() == 4
+        and tuple(weight.shape[2:]) == (3, 3) and groups == 1 and _as_pair(stride) == (1, 1)
+        and _as_pair(padding) == (1, 1) and _as_pair(dilation) == (1, 1)
+        and input.shape[1] % 8 == 0 and weight.shape[0] % 64 == 0
+    )
 
 
 def _run_variant(name: str, input: Tensor, cache: "_FoldCache", conv_args: tuple) -> Tensor:
@@ -389,6 +409,8 @@ def _run_variant(name: str, input: Tensor, cache: "_FoldCache", conv_args: tuple
         return _eval_op(input, cache.weight, cache.bias, *conv_args, 0)
     if name == "epilogue":
         return _eval_op(input, cache.weight, cache.bias, *conv_args, 1)
+    if name == "tf32":
+        return _eval_op(input, cache.weight, cache.bias, *conv_args, 2)
     if cache.weight_cl is None:
         cache.weight_cl = cache.weight.contiguous(memory_format=torch.channels_last)
     impl = 0 if name.startswith("cudnn") else 1
@@ -428,7 +450,9 @@ def _tuned_variant(input: Tensor, cache: "_FoldCache", conv_args: tuple, channel
         return name
     candidates = list(_VARIANTS[:2])
     if not channels_last and input.dtype != torch.float64 and input.shape[1] > 1:
-        candidates += list(_VARIANTS[2:])
+        candidates += list(_VARIANTS[2:4])
+    if not channels_last and _tf32_shape(input, cache.weight, conv_args):
+        candidates.append("tf32")
     if torch.cuda.is_current_stream_capturing():
         return "cudnn"
     times = {n: float("inf") for n in candidates}
@@ -555,7 +579,8 @@ class ConvBNReLU2d(nn.Module):
     submodules (state_dict keys ``conv.weight``, ``bn.running_mean``, ...), so weights load from
     ``nn.Sequential(OrderedDict(conv=..., bn=..., relu=...))``. Train/eval follows ``bn``'s mode.
     eval_impl: "auto" (the fastest variant, timed once per shape), "cudnn" (cuDNN fused
-    conv+bias+ReLU where available) or "epilogue" (convolution, then one bias+ReLU kernel).
+    conv+bias+ReLU where available), "epilogue" (convolution, then one bias+ReLU kernel) or
+    "tf32" (float32 NCHW 3x3: the direct TF32 kernel where torch allows TF32 convolutions).
     """
 
     def __init__(

@@ -985,6 +985,131 @@ def test_eval_gradients(layout, device):
         assert _rel_err(a, b) <= 1e-3
 
 
+# ---------------------------------------------------------------- GPU: the direct TF32 kernel
+#
+# conv_bias_relu impl 2 (eval_impl "tf32"): float32 NCHW 3x3 convolutions on TF32 tensor cores
+# (csrc/conv3x3_tf32.cu) where torch allows TF32 convolutions. Cases (N, C_in, H, W, C_out, bias):
+# rows of a multiple of 4 floats (16-byte loads) and not, tiles of 256 pixels spanning rows and
+# ending past the image, one and two blocks of 64 output channels, an image smaller than a tile,
+# rows of 160 floats (a tile spans two or three of them).
+TF32_CASES = [
+    (2, 64, 56, 56, 64, False),
+    (3, 16, 13, 10, 64, True),
+    (1, 8, 5, 7, 128, True),
+    (2, 32, 28, 28, 128, False),
+    (1, 8, 9, 160, 64, True),
+]
+
+
+def _tf32_run(fn):
+    """fn()'s result and the CUDA kernels it ran (profiler names)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        out = fn()
+        torch.cuda.synchronize()
+    return out, " ".join(e.name for e in prof.events())
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", TF32_CASES, ids=lambda c: "x".join(map(str, c[:4])) + f"-{c[4]}" + ("-bias" if c[5] else ""))
+def test_tf32_kernel_within_tf32_error_bound(case):
+    """Every output within TF32's bound of the float64 result: each product of two operands
+    rounded to 10-bit mantissas is off by at most 2^-10 of |x| * |w|, so
+    |out - ref| <= 2^-10 * conv(|x|, |w|) plus float32 sums. Deterministic; with TF32 off the op
+    runs the float32 path (no TF32 kernel) and matches float64 to float32 precision."""
+    n, ci, h, w, co, has_bias = case
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(n, ci, h, w, generator=gen).cuda()
+    wt = (torch.randn(co, ci, 3, 3, generator=gen) / (ci * 9) ** 0.5).cuda()
+    b = torch.randn(co, generator=gen).cuda() if has_bias else None
+    x64, w64 = x.double(), wt.double()
+    ref = F.relu(F.conv2d(x64, w64, None if b is None else b.double(), padding=1))
+    bound = F.conv2d(x64.abs(), w64.abs(), padding=1) * (2.0**-10 + 1e-6) + 1e-6
+
+    def call():
+        return ops.conv_bias_relu(x, wt, b, [1, 1], [1, 1], [1, 1], 1, 2)
+
+    torch.backends.cudnn.allow_tf32 = True  # the autouse fixture restores it
+    out, names = _tf32_run(call)
+    assert "conv3x3_tf32_nchw" in names, names
+    assert out.shape == ref.shape and out.dtype == torch.float32 and out.is_contiguous()
+    excess = ((out.double() - ref).abs() - bound).max().item()
+    assert excess <= 0, f"an output is {excess:.3g} beyond the TF32 bound"
+    assert torch.equal(out, call())
+    # TF32 is what the products used: the result differs from the float32 convolution's
+    torch.backends.cudnn.allow_tf32 = False
+    exact, names = _tf32_run(call)
+    assert "conv3x3_tf32_nchw" not in names, names
+    assert _rel_err(exact, ref) <= 1e-5
+    assert not torch.equal(out, exact)
+
+
+@gpu
+@pytest.mark.gpu
+def test_tf32_kernel_shapes_in_any_order():
+    """Shapes that need more shared memory after ones that need less, in one process: each
+    launches (the kernel's shared-memory limit is set for the largest shape it takes)."""
+    torch.backends.cudnn.allow_tf32 = True
+    gen = torch.Generator().manual_seed(3)
+    for h, w in ((8, 16), (9, 160), (6, 20), (9, 156)):
+        x = torch.randn(1, 8, h, w, generator=gen).cuda()
+        wt = torch.randn(64, 8, 3, 3, generator=gen).cuda()
+        out, names = _tf32_run(lambda: ops.conv_bias_relu(x, wt, None, [1, 1], [1, 1], [1, 1], 1, 2))
+        assert "conv3x3_tf32_nchw" in names, (h, w, names)
+        ref = F.relu(F.conv2d(x.double(), wt.double(), padding=1))
+        assert _rel_err(out, ref) <= 2e-3, (h, w)
+
+
+@gpu
+@pytest.mark.gpu
+def test_tf32_kernel_only_where_it_applies():
+    """Convolutions outside the kernel's conditions (stride 2, 5x5, channels_last, float16, 32
+    output channels) run the cuDNN path under impl 2, with the same result as impl 0."""
+    gen = torch.Generator().manual_seed(2)
+    torch.backends.cudnn.allow_tf32 = True
+    x = torch.randn(2, 16, 12, 12, generator=gen).cuda()
+    cases = [
+        (x, torch.randn(64, 16, 3, 3, generator=gen), (2, 2), (1, 1)),
+        (x, torch.randn(64, 16, 5, 5, generator=gen), (1, 1), (2, 2)),
+        (x.contiguous(memory_format=torch.channels_last), torch.randn(64, 16, 3, 3, generator=gen), (1, 1), (1, 1)),
+        (x.half(), torch.randn(64, 16, 3, 3, generator=gen).half(), (1, 1), (1, 1)),
+        (x, torch.randn(32, 16, 3, 3, generator=gen), (1, 1), (1, 1)),
+    ]
+    for xi, wi, stride, pad in cases:
+        wi = wi.cuda()
+        out, names = _tf32_run(lambda: ops.conv_bias_relu(xi, wi, None, list(stride), list(pad), [1, 1], 1, 2))
+        assert "conv3x3_tf32_nchw" not in names, (tuple(xi.shape), tuple(wi.shape), names)
+        assert torch.equal(out, ops.conv_bias_relu(xi, wi, None, list(stride), list(pad), [1, 1], 1, 0))
+
+
+@gpu
+@pytest.mark.gpu
+def test_tf32_module_eval(monkeypatch):
+    """ConvBNReLU2d(eval_impl="tf32") in eval runs the kernel on the folded weights, within TF32
+    error of the float64 block; "auto" (the tuner) lists it among its candidates."""
+    import importlib
+
+    cbr = importlib.import_module("cudadoctor_ops.conv_bn_relu")
+    torch.backends.cudnn.allow_tf32 = True
+    x, conv, bn = _make((2, 64, 20, 20, 64, 3, 1, 1, 1, 1, True), torch.float32, "nchw")
+    fused = ConvBNReLU2d.from_modules(conv, bn, eval_impl="tf32").eval()
+    with torch.no_grad():
+        out, names = _tf32_run(lambda: fused(x))
+        ref = _eager(x.double(), copy.deepcopy(conv).double(), copy.deepcopy(bn).double().eval())
+    assert "conv3x3_tf32_nchw" in names, names
+    assert _rel_err(out, ref) <= 2e-3
+    calls = []
+    real = cbr._run_variant
+    monkeypatch.setattr(cbr, "_TUNED", {})
+    monkeypatch.setattr(cbr, "_run_variant", lambda name, *a: calls.append(name) or real(name, *a))
+    fused.eval_impl = "auto"
+    with torch.no_grad():
+        assert _rel_err(fused(x), ref) <= 2e-3
+    assert "tf32" in calls and fused._fold_cache.choice is not None
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_mask_is_one_bit_per_positive_output(device):
     dtype = torch.float16 if device == "cuda" else torch.float32
@@ -1439,7 +1564,8 @@ def test_eval_tuner_keeps_each_variants_best_round(monkeypatch):
     assert cbr._tuned_variant(x, cache, (1, 1, 1, 1), False) == "cudnn"
     assert calls.count("cudnn") == cbr._TUNE_ROUNDS == 3
     # interleaved: every candidate once per round, in the same order
-    assert calls[:4] == list(cbr._VARIANTS)
+    assert calls[:4] == list(cbr._VARIANTS[:4])
+    assert "tf32" not in calls  # 4 input channels: not the TF32 kernel's shape
     # cached per shape: no second timing
     n = len(calls)
     assert cbr._tuned_variant(x, cache, (1, 1, 1, 1), False) == "cudnn"
@@ -1450,3 +1576,14 @@ def test_eval_tuner_keeps_each_variants_best_round(monkeypatch):
     xl = torch.zeros(2, 4, 8, 8).contiguous(memory_format=torch.channels_last)
     assert cbr._tuned_variant(xl, cache, (1, 1, 1, 1), True) == "epilogue"
     assert sorted(set(calls)) == ["cudnn", "epilogue"]
+    # float32 NCHW 3x3, stride 1, padding 1, 8k input / 64k output channels: the TF32 kernel too
+    calls.clear()
+    script["tf32"] = [0.020, 0.021, 0.022]
+    cache.weight = torch.zeros(64, 8, 3, 3)
+    x8 = torch.zeros(2, 8, 8, 8)
+    assert cbr._tuned_variant(x8, cache, ((1, 1), (1, 1), (1, 1), 1), False) == "tf32"
+    assert calls[:5] == list(cbr._VARIANTS)
+    # padding 2: not its shape
+    calls.clear()
+    assert cbr._tuned_variant(x8, cache, ((1, 1), (2, 2), (1, 1), 1), False) != "tf32"
+    assert calls and "tf32" not in calls

@@ -1,0 +1,32 @@
+// Direct 3x3 float32 NCHW convolution + bias + ReLU on TF32 tensor cores (conv3x3_tf32.cu).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/ArrayRef.h>
+
+#include <cstdint>
+#include <optional>
+
+namespace cudadoctor_ops {
+namespace tf32conv {
+
+// Whether torch lets cuDNN's float32 convolutions use TF32 (torch.backends.cudnn.allow_tf32 /
+// torch.backends.cudnn.conv.fp32_precision), the condition under which the TF32 kernel stands in
+// for them.
+bool tf32_allowed();
+
+// Whether conv3x3_bias_relu takes this convolution: float32 contiguous (NCHW) input on a device
+// of compute capability 8.0 or newer, a 3x3 filter, stride 1, padding 1, dilation 1, groups 1,
+// input channels a multiple of 8, output channels a multiple of 64, and the staged rows of one
+// tile within 110 KB of shared memory, or the device's limit where lower (rows up to about 200
+// floats wide). TF32 permission is
+// the caller's to check.
+bool applies(const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef stride,
+             at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups);
+
+// relu(conv2d(input, weight, bias, stride 1, padding 1)) with TF32 products; where applies().
+at::Tensor conv3x3_bias_relu(const at::Tensor& input, const at::Tensor& weight,
+                             const std::optional<at::Tensor>& bias);
+
+}  // namespace tf32conv
+}  // namespace cudadoctor_ops
