@@ -1,6 +1,6 @@
-// 16-byte copies global -> shared memory that do not pass through registers (cp.async, sm_80+),
-// shared by the kernels that stage data in shared memory ahead of its use. On older architectures
-// the copy goes through registers and the wait is a no-op.
+// Copies global -> shared memory that do not pass through registers (cp.async, sm_80+; 16 bytes,
+// 4 bytes), shared by the kernels that stage data in shared memory ahead of its use. On older
+// architectures the copy goes through registers and the wait is a no-op.
 #pragma once
 
 #include <cstdint>

@@ -1194,14 +1194,9 @@ bool launch_bwd_singleread_nchw(const Layout& l, const T* x, const T* g, T* dx,
   const int64_t bytes = 2 * l.N * l.HW * int64_t(sizeof(T));
   if (bytes > kBwdSingleReadMaxBytes || bytes == 0) return false;
   if (setting < 0 && l.C < sm_count(device)) return false;
-  if (l.C > int64_t(INT32_MAX) || device < 0 || device >= 64) return false;
-  static bool attr_set[64] = {false};  // per instantiation and device
-  if (!attr_set[device]) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(bn_bwd_singleread_nchw<T, V, M>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(kBwdSingleReadMaxBytes)));
-    attr_set[device] = true;
-  }
+  if (l.C > int64_t(INT32_MAX)) return false;
+  allow_dynamic_smem(reinterpret_cast<const void*>(bn_bwd_singleread_nchw<T, V, M>), device,
+                     kBwdSingleReadMaxBytes);
   const int threads = singleread_threads(l.N * l.HW);
   bn_bwd_singleread_nchw<T, V, M><<<static_cast<unsigned>(l.C), threads, size_t(bytes), stream>>>(
       x, g, dx, f, l.N, l.C, l.HW, relu, mask);

@@ -1217,13 +1217,8 @@ bool launch_singleread_nchw(const Layout& l, const T* x, T* y, const FwdArgs<typ
   const int64_t bytes = singleread_smem_bytes(l, int64_t(sizeof(T)), device, M, mask, mask_numel);
   if (bytes == 0) return false;
   const int64_t wr = M ? mask_words_per_row(l.HW) : 0;
-  static bool attr_set[64] = {false};  // per instantiation and device
-  if (!attr_set[device]) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(bn_singleread_nchw<T, V, M>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(kSingleReadMaxBytes)));
-    attr_set[device] = true;
-  }
+  allow_dynamic_smem(reinterpret_cast<const void*>(bn_singleread_nchw<T, V, M>), device,
+                     kSingleReadMaxBytes);
   if (M && l.HW % 32 != 0) C10_CUDA_CHECK(cudaMemsetAsync(mask, 0, size_t(mask_numel), stream));
   const int threads = singleread_threads(l.N * l.HW);
   bn_singleread_nchw<T, V, M><<<static_cast<unsigned>(l.C), threads, size_t(bytes), stream>>>(
