@@ -450,6 +450,9 @@ bool applies(const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef 
     if (stride[i] != 1 || padding[i] != 1 || dilation[i] != 1) return false;
   const int64_t Cin = input.size(1), Cout = weight.size(0), H = input.size(2), W = input.size(3);
   if (Cin % kKC != 0 || Cout % kBN != 0 || H < 1 || W < 1 || input.size(0) < 1) return false;
+  // rows of 4k floats are copied 16 bytes at a time: the data must start on a 16-byte boundary
+  // (a view at an odd storage offset does not)
+  if (W % 4 == 0 && reinterpret_cast<uintptr_t>(input.data_ptr()) % 16 != 0) return false;
   if (H * W > (int64_t(1) << 30) || Cin * 9 * Cout > (int64_t(1) << 30) || Cout / kBN > 65535)
     return false;
   if (input.size(0) * ((H * W + kBM - 1) / kBM) > (int64_t(1) << 31) - 1) return false;

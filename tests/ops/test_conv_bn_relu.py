@@ -1066,7 +1066,8 @@ def test_tf32_kernel_shapes_in_any_order():
 @pytest.mark.gpu
 def test_tf32_kernel_only_where_it_applies():
     """Convolutions outside the kernel's conditions (stride 2, 5x5, channels_last, float16, 32
-    output channels) run the cuDNN path under impl 2, with the same result as impl 0."""
+    output channels, a misaligned view) run the cuDNN path under impl 2, with the same result as
+    impl 0."""
     gen = torch.Generator().manual_seed(2)
     torch.backends.cudnn.allow_tf32 = True
     x = torch.randn(2, 16, 12, 12, generator=gen).cuda()
@@ -1077,6 +1078,9 @@ def test_tf32_kernel_only_where_it_applies():
         (x.half(), torch.randn(64, 16, 3, 3, generator=gen).half(), (1, 1), (1, 1)),
         (x, torch.randn(32, 16, 3, 3, generator=gen), (1, 1), (1, 1)),
     ]
+    # a view whose data starts 4 bytes past a 16-byte boundary (rows of 12 floats)
+    base = torch.randn(1 + 2 * 16 * 12 * 12, generator=gen).cuda()
+    cases.append((base[1:].view(2, 16, 12, 12), torch.randn(64, 16, 3, 3, generator=gen), (1, 1), (1, 1)))
     for xi, wi, stride, pad in cases:
         wi = wi.cuda()
         out, names = _tf32_run(lambda: ops.conv_bias_relu(xi, wi, None, list(stride), list(pad), [1, 1], 1, 2))
