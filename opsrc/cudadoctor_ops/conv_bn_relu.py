@@ -388,18 +388,14 @@ _TUNED: dict = {}
 _VARIANTS = ("cudnn", "epilogue", "cudnn, channels_last inside", "epilogue, channels_last inside", "tf32")
 
 
-def _as_pair(v) -> tuple:
-    return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
-
-
 def _tf32_shape(input: Tensor, weight: Tensor, conv_args: tuple) -> bool:
     """Whether the "tf32" variant's kernel takes this convolution (csrc/conv3x3_tf32.h: applies;
     whether TF32 is allowed is checked at each call)."""
     stride, padding, dilation, groups = conv_args
     return (
         input.dtype == torch.float32 and input.dim() == 4 and input.is_contiguous() and weight.dim() == 4
-        and tuple(weight.shape[2:]) == (3, 3) and groups == 1 and _as_pair(stride) == (1, 1)
-        and _as_pair(padding) == (1, 1) and _as_pair(dilation) == (1, 1)
+        and tuple(weight.shape[2:]) == (3, 3) and groups == 1 and _pair(stride, "stride") == [1, 1]
+        and _pair(padding, "padding") == [1, 1] and _pair(dilation, "dilation") == [1, 1]
         and input.shape[1] % 8 == 0 and weight.shape[0] % 64 == 0
     )
 
