@@ -1,6 +1,8 @@
 // Direct 3x3 convolution (stride 1, padding 1, dilation 1, groups 1) of contiguous (NCHW) float32
 // tensors on TF32 tensor cores, with the bias and the ReLU in its epilogue: Conv+BN+ReLU's
-// inference variant "tf32" (conv_bias_relu impl 2), where torch would run cuDNN's TF32 kernel.
+// inference variant "tf32" (conv_bias_relu impl 2), where torch would run cuDNN's TF32 kernel;
+// and, with the ReLU off, the convolution of Conv+BN+ReLU's float32 NCHW training forward on
+// images of kTrainMinPixels or more (conv_bn_relu.cu, train_impl).
 //
 // cuDNN's TF32 kernels want NHWC: for NCHW float32 it transposes the input to NHWC and the output
 // back around its kernel (on the H200 about 25 us of its 85 us for (32,64,56,56)->64), and the
@@ -126,6 +128,7 @@ struct Shape {
   int CS;        // staged plane stride (floats)
   int nv;        // vectors per row: W / VEC
   int dv, dr, dc;
+  int relu;      // 1: ReLU in the epilogue (inference), 0: the plain convolution (+ bias)
 };
 
 __host__ __device__ inline int in_stage_floats(const Shape& s) { return kKC * s.CS; }
@@ -303,7 +306,9 @@ __global__ void __launch_bounds__(32 * WM * (64 / WN), 2)
     __syncthreads();
   }
 
-  // epilogue: + bias, ReLU; acc[i][j] = (pixel g, co 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1)
+  // epilogue: + bias, ReLU (s.relu); acc[i][j] = (pixel g, co 2t), (g, 2t + 1), (g + 8, 2t),
+  // (g + 8, 2t + 1)
+  const bool relu = s.relu != 0;
   float* const obase = out + (int64_t(n) * s.Cout + co0 + wn * WN) * HW;
   const float* const bb = bias != nullptr ? bias + co0 + wn * WN : nullptr;
 #pragma unroll
@@ -317,8 +322,9 @@ __global__ void __launch_bounds__(32 * WM * (64 / WN), 2)
       for (int h = 0; h < 2; ++h) {
         const int p = p0 + wm * 64 + i * 16 + g + 8 * h;
         if (p < HW) {
-          obase[int64_t(co) * HW + p] = fmaxf(acc[i][j][2 * h] + b0, 0.f);
-          obase[int64_t(co + 1) * HW + p] = fmaxf(acc[i][j][2 * h + 1] + b1, 0.f);
+          const float v0 = acc[i][j][2 * h] + b0, v1 = acc[i][j][2 * h + 1] + b1;
+          obase[int64_t(co) * HW + p] = relu ? fmaxf(v0, 0.f) : v0;
+          obase[int64_t(co + 1) * HW + p] = relu ? fmaxf(v1, 0.f) : v1;
         }
       }
     }
@@ -461,8 +467,18 @@ bool applies(const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef 
          smem_limit(input.get_device());
 }
 
+bool train_prefers(const at::Tensor& input) {
+  static const bool on = env_switch("CUDADOCTOR_OPS_CBR_TF32_TRAIN") != 0;
+  return on && input.dim() == 4 && input.size(2) * input.size(3) >= kTrainMinPixels;
+}
+
 at::Tensor conv3x3_bias_relu(const at::Tensor& input, const at::Tensor& weight,
                              const std::optional<at::Tensor>& bias) {
+  return conv3x3(input, weight, bias, true);
+}
+
+at::Tensor conv3x3(const at::Tensor& input, const at::Tensor& weight,
+                   const std::optional<at::Tensor>& bias, bool relu) {
   c10::cuda::CUDAGuard guard(input.device());
   const int device = input.get_device();
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
@@ -476,6 +492,7 @@ at::Tensor conv3x3_bias_relu(const at::Tensor& input, const at::Tensor& weight,
   s.dv = threads % s.nv;
   s.dr = (threads / s.nv) % s.NR;
   s.dc = threads / (s.nv * s.NR);
+  s.relu = relu ? 1 : 0;
   const int64_t N = input.size(0);
   at::Tensor out = at::empty({N, s.Cout, s.H, s.W}, input.options());
   at::Tensor wpk = at::empty({w.numel()}, w.options());

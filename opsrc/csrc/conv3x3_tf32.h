@@ -28,5 +28,20 @@ bool applies(const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef 
 at::Tensor conv3x3_bias_relu(const at::Tensor& input, const at::Tensor& weight,
                              const std::optional<at::Tensor>& bias);
 
+// conv2d(input, weight, bias, stride 1, padding 1), with a ReLU after it when relu; where
+// applies(). Contiguous (NCHW) float32 output.
+at::Tensor conv3x3(const at::Tensor& input, const at::Tensor& weight,
+                   const std::optional<at::Tensor>& bias, bool relu);
+
+// Output pixels per image from which Conv+BN+ReLU's training forward runs its convolution on this
+// kernel (where applies() and tf32_allowed()) instead of cuDNN's: on the H200 it beat cuDNN's
+// float32 NCHW convolution (a TF32 kernel in NHWC between two transposes) on 56x56 images and
+// lost on 28x28 and smaller (the 256-pixel tiles run partly empty; see conv3x3_tf32.cu).
+constexpr int64_t kTrainMinPixels = 56 * 56;
+
+// Whether the training forward of this input would take the kernel, the conditions above aside:
+// H * W >= kTrainMinPixels, and CUDADOCTOR_OPS_CBR_TF32_TRAIN not 0 (read once).
+bool train_prefers(const at::Tensor& input);
+
 }  // namespace tf32conv
 }  // namespace cudadoctor_ops

@@ -1869,8 +1869,13 @@ TrainOut train_impl(const char* op, const at::Tensor& input, const at::Tensor& c
                     at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
                     const StatsUpdate* upd) {
   c10::cuda::CUDAGuard guard(input.device());
-  at::Tensor conv_out = conv_forward(input, conv_weight, conv_bias, stride, padding, dilation,
-                                     groups);
+  // float32 NCHW 3x3 on large images: the direct TF32 kernel (NCHW in and out) where torch lets
+  // cuDNN use TF32, in place of cuDNN's TF32 kernel and its two layout transposes
+  const bool tf32 = tf32conv::train_prefers(input) && tf32conv::tf32_allowed() &&
+                    tf32conv::applies(input, conv_weight, stride, padding, dilation, groups);
+  at::Tensor conv_out =
+      tf32 ? tf32conv::conv3x3(input, conv_weight, conv_bias, false)
+           : conv_forward(input, conv_weight, conv_bias, stride, padding, dilation, groups);
   check_bn_param(op, bn_weight, "bn_weight", conv_out);
   check_bn_param(op, bn_bias, "bn_bias", conv_out);
   Layout l = bn::make_layout(conv_out);

@@ -169,9 +169,11 @@ def _depthwise_cases():
 
 
 def _cbr_case(name, n, cin, cout, h, w, k, *, training, backward, groups=1, stride=1, dtype=torch.float32,
-              channels_last=False, conv_bias=True, eval_impl="auto"):
+              channels_last=False, conv_bias=True, eval_impl="auto", tf32=None):
     pad = k // 2
-    tf32 = eval_impl == "tf32"  # TF32 products: allowed for this case only, with TF32's tolerance
+    # TF32 products (the "tf32" inference kernel; float32 training on the TF32 kernel from 56x56):
+    # allowed for this case only, with TF32's tolerance
+    tf32 = eval_impl == "tf32" if tf32 is None else tf32
 
     def inputs():
         x = _randn(n, cin, h, w, dtype=dtype, channels_last=channels_last, requires_grad=backward)
@@ -198,15 +200,15 @@ def _cbr_case(name, n, cin, cout, h, w, k, *, training, backward, groups=1, stri
 
     def incoming(x, cw, cb, bw, bb, rm, rv):
         # the output's gradient (float64 values that `dtype` holds exactly), zero where float64's
-        # BatchNorm output lies within `kink` of the ReLU's kink: there a 16-bit forward's mask and
-        # float64's may disagree, which moves every gradient by a full term (a few of a million
-        # elements do)
+        # BatchNorm output lies within `kink` of the ReLU's kink: there a 16-bit (or TF32) forward's
+        # mask and float64's may disagree, which moves every gradient by a full term (a few of a
+        # million elements do)
         with torch.no_grad():
             z = F.batch_norm(F.conv2d(_d(x), _d(cw), _d(cb), stride, pad, 1, groups), rm.double(), rv.double(),
                              _d(bw), _d(bb), training=training, momentum=0.0, eps=1e-5)
         torch.manual_seed(1)
         g = torch.randn(z.shape, dtype=torch.float64).to(dtype).double()
-        kink = {torch.float16: 1e-2, torch.bfloat16: 5e-2}.get(dtype, 0.0)
+        kink = {torch.float16: 1e-2, torch.bfloat16: 5e-2}.get(dtype, 1e-2 if tf32 else 0.0)
         return torch.where(z.abs().cpu() > kink, g, torch.zeros_like(g)) if kink else g
 
     def reference(x, cw, cb, bw, bb, rm, rv):
@@ -249,6 +251,9 @@ def _conv_bn_relu_cases():
         _cbr_case("eval_fwd_tf32", 2, 8, 64, 7, 12, 3, training=False, backward=False, eval_impl="tf32"),
         _cbr_case("eval_fwd_tf32_odd_rows", 1, 16, 128, 11, 9, 3, training=False, backward=False,
                   eval_impl="tf32"),
+        # float32 NCHW training on 56x56 with TF32 allowed: the convolution on the TF32 kernel
+        # without its ReLU, then the BatchNorm kernels, and the backward
+        _cbr_case("train_bwd_tf32", 1, 8, 64, 56, 56, 3, training=True, backward=True, tf32=True),
     ]
 
 

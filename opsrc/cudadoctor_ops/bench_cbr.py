@@ -8,8 +8,11 @@ a training step), forward + backward, and eval forward, for the fused module, ea
 Conv2d + BatchNorm2d + ReLU and ``torch.compile`` of that eager block. Saved-for-backward memory:
 bytes the autograd graph holds after the forward once the output itself is dropped (what backward
 keeps alive), and the peak of the forward. A torchvision ResNet-50 training step (channels_last,
-bf16 autocast, SGD) after ``fuse_conv_bn_relu`` against the unfused model: images/s and the loss
-of 20 steps from the same seed and data.
+bf16 autocast, SGD) after ``fuse_conv_bn_relu`` against the unfused model, at batch 64 and 128
+(``--resnet-batch``): images/s, the host and GPU time of one step, and the loss of 20 steps from
+the same seed and data. On the H200 machine batch 64 is host-bound (about 21-26 ms of Python and
+launches per step against 15-17 ms of GPU work, both models), so its images/s follow the CPU and
+move by 10% between rounds; batch 128 is GPU-bound and repeats to within 1%.
 
 Two times per layer kind. The plain row ("train fwd", "fwd+bwd", "eval fwd") times one call of the
 Python module with the shared timer, which flushes L2 before every call: it includes whatever host
@@ -269,13 +272,38 @@ def bench_case(timer, shape, k, stride, dt, layout, compile_block: bool) -> dict
     return res
 
 
+_STEP_SLEEP_MS = 60  # GPU sleep ahead of one timed ResNet-50 step at batch 64 (scaled with the batch)
+_SLEEP_CYCLES_PER_MS = 1_900_000  # torch.cuda._sleep cycles per ms on the H200 (about 1.9 GHz)
+
+
+def host_gpu_ms(fn, sleep_ms: float = 5.0) -> tuple[float, float]:
+    """(host ms, GPU ms) of one call of fn, issued while the GPU runs a sleep kernel of about
+    ``sleep_ms``: the host time is the wall time of the Python call (nothing it queues can block
+    it while the GPU is busy, as long as its launches fit the driver's queue), the GPU time that
+    between CUDA events recorded around the call (its kernels back to back). A host time near
+    ``sleep_ms`` means fn synchronised with the GPU."""
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(sleep_ms * _SLEEP_CYCLES_PER_MS))
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    t0 = time.perf_counter()
+    fn()
+    t1 = time.perf_counter()
+    end.record()
+    end.synchronize()
+    return (t1 - t0) * 1e3, start.elapsed_time(end)
+
+
 def resnet50_step(steps: int = 20, batch: int = 64, timed: int = 10, rounds: int = 5) -> dict:
-    """ResNet-50 training steps, eager vs fused, same init and data, bf16 autocast.
+    """ResNet-50 training steps, eager vs fused, same init and data, bf16 autocast, batch ``batch``.
 
     Loss: ``steps`` steps of each model from the same weights and data. Speed: after 3 warm-up
     steps of each, ``rounds`` rounds, each timing ``timed`` steps of eager and ``timed`` steps of
     fused (which goes first alternates per round); images/s are the median over rounds, with the
-    [min, max] range, and ``speedup`` is median fused / median eager.
+    [min, max] range, and ``speedup`` is median fused / median eager. Then, per model, the host
+    and GPU time of one step (:func:`host_gpu_ms`, median of 5): where the host time exceeds the
+    GPU time the loop is host-bound and images/s measure the Python / launch time of the machine's
+    CPU more than the GPU work.
     """
     try:
         import torchvision
@@ -337,8 +365,15 @@ def resnet50_step(steps: int = 20, batch: int = 64, timed: int = 10, rounds: int
             per_round[name].append(ips(models[name]))
     med_e, range_e = _median_range(per_round["eager"])
     med_f, range_f = _median_range(per_round["fused"])
+    step_ms = {}
+    for name, step in models.items():
+        times = [host_gpu_ms(lambda: step(0), sleep_ms=_STEP_SLEEP_MS * batch / 64) for _ in range(5)]
+        step_ms[name] = {"host_ms": statistics.median(h for h, _ in times),
+                         "gpu_ms": statistics.median(g for _, g in times)}
     max_rel = max(abs(a - b) / max(abs(b), 1e-6) for a, b in zip(losses_f, losses_e))
     return {
+        "batch": batch,
+        "step_ms": step_ms,
         "fused_chains": fused.__dict__.get("_cbr_fused", 0),
         "images_per_s_eager": med_e,
         "images_per_s_fused": med_f,
@@ -411,10 +446,10 @@ def bench_rows(args, timer, copy_tbps) -> list:
             row = Row("conv_bn_relu", kind, r["shape"] + (r["k"],), r["dtype"], r["layout"], ours, theirs, nbytes,
                       _target(kind) or 0.0)
             rows.append(row.finish(copy_tbps))
-    res = resnet50_step(rounds=getattr(args, "rounds", 5))
-    if "skipped" not in res:
-        print("  " + _fmt_resnet(res), file=sys.stderr, flush=True)
-    print(f"  resnet50 train step: {json.dumps(res)}", file=sys.stderr, flush=True)
+    for res in resnet50_steps(getattr(args, "resnet_batch", None) or [64, 128], rounds=getattr(args, "rounds", 5)):
+        if "skipped" not in res:
+            print("  " + _fmt_resnet(res), file=sys.stderr, flush=True)
+        print(f"  resnet50 train step: {json.dumps(res)}", file=sys.stderr, flush=True)
     return rows
 
 
@@ -422,15 +457,35 @@ def _fmt_range(rng) -> str:
     return f"{rng[0]:.0f}-{rng[1]:.0f}" if rng else "-"
 
 
+def _fmt_step_ms(resnet: dict) -> str:
+    """'; one step, host / GPU ms: eager a / b, fused c / d (host-bound)' or '' without timings."""
+    sm = resnet.get("step_ms")
+    if not sm or "eager" not in sm or "fused" not in sm:
+        return ""
+    e, f = sm["eager"], sm["fused"]
+    bound = "host-bound" if e["host_ms"] > e["gpu_ms"] else "GPU-bound"
+    return (f"; one step, host / GPU ms: eager {e['host_ms']:.1f} / {e['gpu_ms']:.1f}, fused {f['host_ms']:.1f} / "
+            f"{f['gpu_ms']:.1f} (eager {bound}; GPU time {e['gpu_ms'] / max(f['gpu_ms'], 1e-9):.2f}x)")
+
+
 def _fmt_resnet(resnet: dict) -> str:
-    """The ResNet-50 summary line: medians and min-max ranges of the interleaved rounds."""
+    """The ResNet-50 summary line: medians and min-max ranges of the interleaved rounds, and the
+    host and GPU time of one step."""
     return (
-        f"ResNet-50 bs64 bf16 channels_last train step: {resnet['images_per_s_fused']:.0f} img/s fused "
-        f"({_fmt_range(resnet.get('images_per_s_fused_range'))}) vs {resnet['images_per_s_eager']:.0f} "
+        f"ResNet-50 bs{resnet.get('batch', 64)} bf16 channels_last train step: {resnet['images_per_s_fused']:.0f} "
+        f"img/s fused ({_fmt_range(resnet.get('images_per_s_fused_range'))}) vs {resnet['images_per_s_eager']:.0f} "
         f"({_fmt_range(resnet.get('images_per_s_eager_range'))}) eager, {resnet['speedup']:.2f}x median of "
         f"{resnet.get('rounds', '?')} interleaved rounds (target >= 1.1x); {resnet['fused_chains']} chains fused; "
         f"loss max rel diff over {len(resnet['losses_eager'])} steps {resnet['max_rel_loss_diff']:.2e}"
+        + _fmt_step_ms(resnet)
     )
+
+
+def _resnet_list(resnet) -> list:
+    """The ResNet-50 results as a list (one dict per batch size); {} or None: none."""
+    if not resnet:
+        return []
+    return list(resnet) if isinstance(resnet, (list, tuple)) else [resnet]
 
 
 def _fmt(results: list[dict], resnet: dict, header: bool = True) -> str:
@@ -465,15 +520,38 @@ def _fmt(results: list[dict], resnet: dict, header: bool = True) -> str:
         if i == 0:
             lines.append("  ".join("-" * w for w in widths))
     lines.extend(notes)
-    if resnet:
+    for res in _resnet_list(resnet):
         lines.append("")
-        if "skipped" in resnet:
-            lines.append(f"ResNet-50: {resnet['skipped']}")
+        if "skipped" in res:
+            lines.append(f"ResNet-50: {res['skipped']}")
         else:
-            lines.append(_fmt_resnet(resnet))
-            lines.append("  eager: " + " ".join(f"{v:.4f}" for v in resnet["losses_eager"]))
-            lines.append("  fused: " + " ".join(f"{v:.4f}" for v in resnet["losses_fused"]))
+            lines.append(_fmt_resnet(res))
+            lines.append("  eager: " + " ".join(f"{v:.4f}" for v in res["losses_eager"]))
+            lines.append("  fused: " + " ".join(f"{v:.4f}" for v in res["losses_fused"]))
     return "\n".join(lines)
+
+
+def _batch_list(text: str) -> list[int]:
+    """'64,128' -> [64, 128]: positive batch sizes, for --resnet-batch."""
+    try:
+        out = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        out = []
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive batch sizes separated by commas, got {text!r}")
+    return out
+
+
+def resnet50_steps(batches, rounds: int = 5) -> list[dict]:
+    """resnet50_step once per batch size; stops after a skip (no torchvision)."""
+    out = []
+    for batch in batches:
+        res = resnet50_step(batch=batch, rounds=rounds)
+        out.append(res)
+        torch.cuda.empty_cache()
+        if "skipped" in res:
+            break
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -488,6 +566,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rep-ms", type=float, default=60, help="measuring time per timing (ms)")
     parser.add_argument("--rounds", type=int, default=5,
                         help="interleaved eager/fused rounds of the ResNet-50 images/s (default 5)")
+    parser.add_argument("--resnet-batch", type=_batch_list, default=[64, 128], metavar="B[,B...]",
+                        help="batch sizes of the ResNet-50 training step (default 64,128: on the H200 "
+                             "machine 64 is host-bound, 128 GPU-bound)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("cudadoctor_ops.bench_cbr: no CUDA GPU visible; the benchmarks need one.", file=sys.stderr)
@@ -500,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
         print(_fmt([r], {}, header=False), file=sys.stderr, flush=True)
 
     results = run(timer, quick=args.quick, compile_block=not args.no_compile, progress=progress, which=args.cases)
-    resnet = {} if args.no_resnet else resnet50_step(rounds=args.rounds)
+    resnet = [] if args.no_resnet else resnet50_steps(args.resnet_batch, rounds=args.rounds)
     doc = json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cases": results,
                       "resnet50": resnet}, default=list)
     if args.json_out:

@@ -13,8 +13,9 @@ Public API:
   chains inside ``nn.Sequential`` and the torchvision ResNet stem / BasicBlock / Bottleneck run
   through the fused op, with the model's ``state_dict`` keys and values unchanged.
 
-Training: the convolution runs through ATen (cuDNN) or, for depthwise weights, the depthwise op;
-then one reduction for the batch statistics and one fused BatchNorm + ReLU pass that also writes a
+Training: the convolution runs through ATen (cuDNN), for depthwise weights the depthwise op, or for
+float32 NCHW 3x3 convolutions on 56x56 images and larger the direct TF32 kernel (where torch lets
+cuDNN use TF32; csrc/conv3x3_tf32.cu); then one reduction for the batch statistics and one fused BatchNorm + ReLU pass that also writes a
 1-bit-per-element ReLU mask. Backward keeps the convolution output, the per-channel mean and
 inverse std and that mask, and not the BatchNorm or ReLU output. Eval: BatchNorm folded into the
 convolution (``W' = W * gamma / sqrt(var + eps)``, ``b' = (b - mean) * gamma / sqrt(var + eps) +

@@ -106,6 +106,39 @@ def test_resnet_line(bc):
     assert "ResNet-50: no torchvision" in bc._fmt([], {"skipped": "no torchvision"}, header=False)
 
 
+def test_resnet_line_with_batch_and_step_times(bc):
+    r = _resnet()
+    r["batch"] = 128
+    r["step_ms"] = {"eager": {"host_ms": 25.7, "gpu_ms": 29.4}, "fused": {"host_ms": 22.7, "gpu_ms": 25.8}}
+    line = bc._fmt_resnet(r)
+    assert line.startswith("ResNet-50 bs128 ")
+    assert "one step, host / GPU ms: eager 25.7 / 29.4, fused 22.7 / 25.8 (eager GPU-bound; GPU time 1.14x)" in line
+    r["step_ms"]["eager"]["host_ms"] = 30.0
+    assert "(eager host-bound;" in bc._fmt_resnet(r)
+    # without step times (older results): the line ends with the loss check
+    assert bc._fmt_resnet(_resnet()).endswith("steps 1.00e-03")
+    assert "bs64" in bc._fmt_resnet(_resnet())
+
+
+def test_fmt_takes_one_resnet_result_or_a_list(bc):
+    one, two = _resnet(), dict(_resnet(), batch=128)
+    text = bc._fmt([], [one, two], header=False)
+    assert text.count("ResNet-50 bs") == 2 and "ResNet-50 bs128" in text
+    assert bc._fmt([], one, header=False).count("ResNet-50 bs") == 1
+    assert "ResNet-50" not in bc._fmt([], [], header=False)
+    assert bc._resnet_list({}) == [] and bc._resnet_list(None) == []
+
+
+def test_batch_list_argument(bc):
+    import argparse
+
+    assert bc._batch_list("64,128") == [64, 128]
+    assert bc._batch_list("256") == [256]
+    for bad in ("", "0", "-4", "64,x", ","):
+        with pytest.raises(argparse.ArgumentTypeError, match="positive batch sizes"):
+            bc._batch_list(bad)
+
+
 def test_results_serialise(bc):
     r = _case(True)
     r["eval fwd (graph)"] = None

@@ -1114,6 +1114,125 @@ def test_tf32_module_eval(monkeypatch):
     assert "tf32" in calls and fused._fold_cache.choice is not None
 
 
+def _tf32_train_case(has_bias: bool, hw: int = 56, seed: int = 5):
+    gen = torch.Generator().manual_seed(seed)
+    n, ci, co = 2, 16, 64
+    x = torch.randn(n, ci, hw, hw, generator=gen).cuda()
+    wt = (torch.randn(co, ci, 3, 3, generator=gen) / (ci * 9) ** 0.5).cuda()
+    b = torch.randn(co, generator=gen).cuda() if has_bias else None
+    gamma = (torch.rand(co, generator=gen) + 0.5).cuda()
+    beta = torch.randn(co, generator=gen).cuda()
+    return x, wt, b, gamma, beta
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("has_bias", [False, True], ids=["no-bias", "bias"])
+def test_tf32_training_forward(has_bias):
+    """float32 NCHW training forward on 56x56 images with TF32 allowed: the convolution runs on
+    the direct TF32 kernel without its ReLU (conv_out is the convolution + bias), every value
+    within TF32's error bound of the float64 convolution, deterministic; out and the statistics
+    are BatchNorm + ReLU of that conv_out. With TF32 off, and on 28x28 images, cuDNN runs it."""
+    x, wt, b, gamma, beta = _tf32_train_case(has_bias)
+
+    def call(xx):
+        return ops.conv_bn_relu_train(xx, wt, b, gamma, beta, 1e-5, [1, 1], [1, 1], [1, 1], 1)
+
+    torch.backends.cudnn.allow_tf32 = True  # the autouse fixture restores it
+    (out, conv_out, mean, invstd, mask), names = _tf32_run(lambda: call(x))
+    assert "conv3x3_tf32_nchw" in names, names
+    assert conv_out.is_contiguous() and conv_out.dtype == torch.float32 and out.is_contiguous()
+    x64, w64 = x.double(), wt.double()
+    ref_conv = F.conv2d(x64, w64, None if b is None else b.double(), padding=1)
+    bound = F.conv2d(x64.abs(), w64.abs(), padding=1) * (2.0**-10 + 1e-6) + 1e-6
+    excess = ((conv_out.double() - ref_conv).abs() - bound).max().item()
+    assert excess <= 0, f"a convolution output is {excess:.3g} beyond the TF32 bound"
+    assert (conv_out < 0).any(), "the training convolution must not apply the ReLU"
+    c64 = conv_out.double()
+    ref_out = F.relu(F.batch_norm(c64, None, None, gamma.double(), beta.double(), True, 0.0, 1e-5))
+    assert _rel_err(out, ref_out) <= 1e-5
+    assert torch.allclose(mean.double(), c64.mean(dim=(0, 2, 3)), rtol=0, atol=1e-5)
+    ref_invstd = (c64.var(dim=(0, 2, 3), unbiased=False) + 1e-5).rsqrt()
+    assert torch.allclose(invstd.double(), ref_invstd, rtol=1e-5, atol=0)
+    assert torch.equal(conv_out, call(x)[1])
+    torch.backends.cudnn.allow_tf32 = False
+    (_, exact, *_), names = _tf32_run(lambda: call(x))
+    assert "conv3x3_tf32_nchw" not in names, names
+    assert _rel_err(exact, ref_conv) <= 1e-5
+    torch.backends.cudnn.allow_tf32 = True
+    small = x[:, :, :28, :28].contiguous()
+    _, names = _tf32_run(lambda: call(small))
+    assert "conv3x3_tf32_nchw" not in names, names
+
+
+@gpu
+@pytest.mark.gpu
+def test_tf32_training_module_steps():
+    """Two training steps of ConvBNReLU2d on 56x56 float32 NCHW with TF32 allowed (the kernel in
+    the forward) against the separate torch modules in float64: outputs, input / weight / BN
+    gradients and running statistics within TF32 error (the incoming gradient zero next to the
+    ReLU's kink)."""
+    torch.backends.cudnn.allow_tf32 = True
+    x, conv, bn = _make((2, 16, 56, 56, 64, 3, 1, 1, 1, 1, False), torch.float32, "nchw")
+    conv64, bn64 = copy.deepcopy(conv).double(), copy.deepcopy(bn).double()
+    fused = ConvBNReLU2d.from_modules(conv, bn).train()
+    bn64.train()
+    for step in range(2):
+        xs = (x * (1 + step)).detach()
+        xo, xr = xs.clone().requires_grad_(True), xs.double().requires_grad_(True)
+        for t in (conv.weight, bn.weight, bn.bias, conv64.weight, bn64.weight, bn64.bias):
+            t.grad = None
+        out, names = _tf32_run(lambda: fused(xo))
+        assert "conv3x3_tf32_nchw" in names, names
+        z = bn64(conv64(xr))
+        ref = F.relu(z)
+        # zero where the float64 BatchNorm output is within 1e-2 of the ReLU's kink: there the
+        # TF32 forward's mask and float64's may disagree (as eager's TF32 convolution's would),
+        # which moves the gradients by a full term
+        gy = torch.where(z.detach().abs() < 1e-2, 0.0, torch.randn_like(out).double()).float()
+        out.backward(gy)
+        ref.backward(gy.double())
+        assert _rel_err(out, ref) <= 2e-3, step
+        assert _rel_err(xo.grad, xr.grad) <= 5e-3, step
+        assert _rel_err(conv.weight.grad, conv64.weight.grad) <= 5e-3, step
+        assert _rel_err(bn.weight.grad, bn64.weight.grad) <= 5e-3, step
+        assert _rel_err(bn.bias.grad, bn64.bias.grad) <= 1e-5, step
+        assert _rel_err(bn.running_mean, bn64.running_mean) <= 2e-3, step
+        assert _rel_err(bn.running_var, bn64.running_var) <= 2e-3, step
+
+
+@gpu
+@pytest.mark.gpu
+def test_tf32_training_switch_off():
+    """CUDADOCTOR_OPS_CBR_TF32_TRAIN=0 keeps the training convolution on cuDNN (a child process:
+    the switch is read once)."""
+    code = textwrap.dedent(
+        """
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+        import cudadoctor_ops  # noqa: F401
+        torch.backends.cudnn.allow_tf32 = True
+        x = torch.randn(2, 16, 56, 56, device="cuda")
+        w = torch.randn(64, 16, 3, 3, device="cuda")
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            torch.ops.cudadoctor_ops.conv_bn_relu_train(x, w, None, None, None, 1e-5, [1, 1], [1, 1], [1, 1], 1)
+            torch.cuda.synchronize()
+        print("tf32" if any("conv3x3_tf32_nchw" in e.name for e in prof.events()) else "cudnn")
+        """
+    )
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(pathlib.Path(cudadoctor_ops.__file__).resolve().parents[1]), env.get("PYTHONPATH", "")]
+    )
+    seen = {}
+    for value in ("0", "1"):
+        env["CUDADOCTOR_OPS_CBR_TF32_TRAIN"] = value
+        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        seen[value] = proc.stdout.strip().splitlines()[-1]
+    assert seen == {"0": "cudnn", "1": "tf32"}
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_mask_is_one_bit_per_positive_output(device):
     dtype = torch.float16 if device == "cuda" else torch.float32

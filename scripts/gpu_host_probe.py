@@ -1,0 +1,178 @@
+"""Host time against GPU time of one call: Conv+BN+ReLU blocks (fused and eager) and a ResNet-50 step.
+
+    python scripts/gpu_host_probe.py [blocks] [resnet] [profile] [torchprof]
+
+Each call is issued while the GPU is held by a sleep kernel, so nothing the call queues can block
+the host: "host ms" is the wall time of the Python call (launches, dispatch, allocation), "gpu ms"
+the time between CUDA events recorded around it (the queued kernels back to back). A call whose
+host time exceeds its GPU time is host-bound in an eager loop; a host time near the sleep means
+the call synchronised. `profile` prints cProfile's top entries for the fused calls; `torchprof`
+torch.profiler's self CPU time per op (and CUDA runtime call) over three ResNet-50 steps.
+"""
+
+from __future__ import annotations
+
+import copy
+import cProfile
+import io
+import pstats
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from cudadoctor_ops import bench_cbr as B
+
+def host_gpu(fn, sleep_ms: float, reps: int = 15) -> tuple[float, float]:
+    """Medians over reps of bench_cbr.host_gpu_ms (host ms, GPU ms of one call)."""
+    fn()
+    times = [B.host_gpu_ms(fn, sleep_ms) for _ in range(reps)]
+    return statistics.median(h for h, _ in times), statistics.median(g for _, g in times)
+
+
+def profile(fn, n: int = 30, top: int = 18) -> str:
+    fn()
+    torch.cuda.synchronize()
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(n):
+        fn()
+    pr.disable()
+    torch.cuda.synchronize()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(top)
+    return s.getvalue()
+
+
+def blocks(do_profile: bool) -> None:
+    print("| block | kind | fused host / gpu ms | eager host / gpu ms |")
+    print("|---|---|---|---|")
+    for shape, k, st, dt, lay in B.HEADLINE:
+        x, eager, fused = B._blocks(shape, k, st, B._DT[dt], lay)
+        xg = x.detach().requires_grad_(True)
+        gy = torch.randn_like(eager(xg))
+
+        def fb(m):
+            def run():
+                m(xg).backward(gy)
+
+            return run
+
+        rows = {}
+        eager.train()
+        fused.train()
+        rows["train fwd"] = [host_gpu(lambda m=m: m(xg), 5) for m in (fused, eager)]
+        rows["fwd+bwd"] = [host_gpu(fb(m), 10) for m in (fused, eager)]
+        if do_profile:
+            print(f"\n### cProfile fused fwd+bwd {shape}->{k} {dt} {lay} (30 calls)\n```\n{profile(fb(fused))}```\n")
+        eager.eval()
+        fused.eval()
+        with torch.no_grad():
+            rows["eval"] = [host_gpu(lambda m=m: m(x), 5) for m in (fused, eager)]
+        for kind, ((hf, gf), (he, ge)) in rows.items():
+            print(f"| {shape}->{k} {dt} {lay} | {kind} | {hf:.3f} / {gf:.3f} | {he:.3f} / {ge:.3f} |", flush=True)
+        del x, xg, eager, fused, gy
+        torch.cuda.empty_cache()
+
+
+def sgd_step(model, x, y):
+    """One bf16-autocast SGD training step of model on (x, y) as a function, after 3 warm-up calls."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9, weight_decay=1e-4)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+
+    for _ in range(3):
+        step()
+    return step
+
+
+def resnet(batches=(64, 128), do_profile: bool = False) -> None:
+    import torchvision
+
+    from cudadoctor_ops.conv_bn_relu import fuse_conv_bn_relu
+
+    for batch in batches:
+        torch.manual_seed(0)
+        base = torchvision.models.resnet50().cuda().to(memory_format=torch.channels_last)
+        models = {"eager": copy.deepcopy(base), "fused": fuse_conv_bn_relu(copy.deepcopy(base))}
+        del base
+        x = torch.randn(batch, 3, 224, 224, device="cuda").contiguous(memory_format=torch.channels_last)
+        y = torch.randint(0, 1000, (batch,), device="cuda")
+        steps = {name: sgd_step(model, x, y) for name, model in models.items()}
+        torch.cuda.synchronize()
+        loop = {}
+        for rnd in range(4):
+            for name in (("eager", "fused") if rnd % 2 == 0 else ("fused", "eager")):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(10):
+                    steps[name]()
+                torch.cuda.synchronize()
+                loop.setdefault(name, []).append(batch * 10 / (time.perf_counter() - t0))
+        for name, v in loop.items():
+            print(f"resnet50 bs{batch} {name}: back-to-back loop of 10 steps, {statistics.median(v):.0f} img/s "
+                  f"(rounds {', '.join(f'{a:.0f}' for a in v)})", flush=True)
+        res = {}
+        for rnd in range(3):
+            for name in (("eager", "fused") if rnd % 2 == 0 else ("fused", "eager")):
+                h, g = host_gpu(steps[name], 120, reps=5)
+                res.setdefault(name, []).append((h, g))
+        for name, v in res.items():
+            h = statistics.median(a for a, _ in v)
+            g = statistics.median(b for _, b in v)
+            print(f"resnet50 bs{batch} {name}: host {h:.2f} ms, gpu {g:.2f} ms per step "
+                  f"({batch / (max(h, g) / 1e3):.0f} img/s if host and GPU overlap fully)", flush=True)
+        if do_profile:
+            print(f"\n### cProfile fused ResNet-50 step bs{batch} (5 steps)\n```\n{profile(steps['fused'], 5, 25)}```\n")
+        del models, steps
+        torch.cuda.empty_cache()
+
+
+def torch_profile(batch: int = 64) -> None:
+    """Self CPU time per op and CUDA runtime call over 3 ResNet-50 steps, eager and fused."""
+    import torchvision
+    from torch.profiler import ProfilerActivity, profile as tprofile
+
+    from cudadoctor_ops.conv_bn_relu import fuse_conv_bn_relu
+
+    torch.manual_seed(0)
+    base = torchvision.models.resnet50().cuda().to(memory_format=torch.channels_last)
+    x = torch.randn(batch, 3, 224, 224, device="cuda").contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (batch,), device="cuda")
+    for name, model in (("eager", copy.deepcopy(base)), ("fused", fuse_conv_bn_relu(copy.deepcopy(base)))):
+        step = sgd_step(model, x, y)
+        torch.cuda.synchronize()
+        with tprofile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                torch.cuda._sleep(int(60 * B._SLEEP_CYCLES_PER_MS))
+                step()
+                torch.cuda.synchronize()  # one step per sleep: its launches never fill the driver's queue
+        print(f"\n### torch.profiler ResNet-50 bs{batch} {name}, 3 steps, by self CPU time\n```")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=60))
+        print("```", flush=True)
+        del model, step
+        torch.cuda.empty_cache()
+
+
+def main(argv) -> int:
+    parts = set(argv) or {"blocks", "resnet"}
+    torch.backends.cudnn.benchmark = False
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
+    if "blocks" in parts:
+        blocks("profile" in parts)
+    if "resnet" in parts:
+        resnet(do_profile="profile" in parts)
+    if "torchprof" in parts:
+        torch_profile()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
