@@ -443,7 +443,11 @@ bool conv_tf32(const Ctx& ctx) {
 
 }  // namespace
 
-bool tf32_allowed() { return conv_tf32(at::globalContext()); }
+bool tf32_allowed() {
+  // with cuDNN off (torch.backends.cudnn.enabled = False) torch convolves in float32 without it
+  const auto& ctx = at::globalContext();
+  return ctx.userEnabledCuDNN() && conv_tf32(ctx);
+}
 
 bool applies(const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef stride,
              at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups) {

@@ -10,7 +10,8 @@
 namespace cudadoctor_ops {
 namespace tf32conv {
 
-// Whether torch lets cuDNN's float32 convolutions use TF32 (torch.backends.cudnn.allow_tf32 /
+// Whether torch's float32 convolutions would run cuDNN's TF32 kernels: cuDNN enabled
+// (torch.backends.cudnn.enabled) and TF32 allowed for them (torch.backends.cudnn.allow_tf32 /
 // torch.backends.cudnn.conv.fp32_precision), the condition under which the TF32 kernel stands in
 // for them.
 bool tf32_allowed();

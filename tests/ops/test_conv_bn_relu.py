@@ -1163,6 +1163,11 @@ def test_tf32_training_forward(has_bias):
     small = x[:, :, :28, :28].contiguous()
     _, names = _tf32_run(lambda: call(small))
     assert "conv3x3_tf32_nchw" not in names, names
+    # cuDNN off: torch's own float32 convolution, so not the TF32 kernel either
+    with torch.backends.cudnn.flags(enabled=False):
+        (_, plain, *_), names = _tf32_run(lambda: call(x))
+    assert "conv3x3_tf32_nchw" not in names, names
+    assert _rel_err(plain, ref_conv) <= 1e-5
 
 
 @gpu
