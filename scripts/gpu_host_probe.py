@@ -21,7 +21,6 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
 from cudadoctor_ops import bench_cbr as B
 
@@ -78,19 +77,12 @@ def blocks(do_profile: bool) -> None:
 
 
 def sgd_step(model, x, y):
-    """One bf16-autocast SGD training step of model on (x, y) as a function, after 3 warm-up calls."""
-    opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9, weight_decay=1e-4)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-
+    """One bf16-autocast SGD training step of model on (x, y) as a function (bench_cbr.sgd_step),
+    after 3 warm-up calls."""
+    step = B.sgd_step(model, [(x, y)])
     for _ in range(3):
-        step()
-    return step
+        step(0)
+    return lambda: step(0)
 
 
 def resnet(batches=(64, 128), do_profile: bool = False) -> None:
@@ -151,7 +143,7 @@ def torch_profile(batch: int = 64) -> None:
         torch.cuda.synchronize()
         with tprofile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(3):
-                torch.cuda._sleep(int(60 * B._SLEEP_CYCLES_PER_MS))
+                B.gpu_sleep(60)
                 step()
                 torch.cuda.synchronize()  # one step per sleep: its launches never fill the driver's queue
         print(f"\n### torch.profiler ResNet-50 bs{batch} {name}, 3 steps, by self CPU time\n```")

@@ -476,11 +476,6 @@ bool train_prefers(const at::Tensor& input) {
   return on && input.dim() == 4 && input.size(2) * input.size(3) >= kTrainMinPixels;
 }
 
-at::Tensor conv3x3_bias_relu(const at::Tensor& input, const at::Tensor& weight,
-                             const std::optional<at::Tensor>& bias) {
-  return conv3x3(input, weight, bias, true);
-}
-
 at::Tensor conv3x3(const at::Tensor& input, const at::Tensor& weight,
                    const std::optional<at::Tensor>& bias, bool relu) {
   c10::cuda::CUDAGuard guard(input.device());

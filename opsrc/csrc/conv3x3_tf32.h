@@ -1,4 +1,4 @@
-// Direct 3x3 float32 NCHW convolution + bias + ReLU on TF32 tensor cores (conv3x3_tf32.cu).
+// Direct 3x3 float32 NCHW convolution (+ bias, + ReLU) on TF32 tensor cores (conv3x3_tf32.cu).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -16,7 +16,7 @@ namespace tf32conv {
 // for them.
 bool tf32_allowed();
 
-// Whether conv3x3_bias_relu takes this convolution: float32 contiguous (NCHW) input on a device
+// Whether conv3x3 takes this convolution: float32 contiguous (NCHW) input on a device
 // of compute capability 8.0 or newer, a 3x3 filter, stride 1, padding 1, dilation 1, groups 1,
 // input channels a multiple of 8, output channels a multiple of 64, and the staged rows of one
 // tile within 110 KB of shared memory, or the device's limit where lower (rows up to about 200
@@ -25,12 +25,8 @@ bool tf32_allowed();
 bool applies(const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef stride,
              at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups);
 
-// relu(conv2d(input, weight, bias, stride 1, padding 1)) with TF32 products; where applies().
-at::Tensor conv3x3_bias_relu(const at::Tensor& input, const at::Tensor& weight,
-                             const std::optional<at::Tensor>& bias);
-
-// conv2d(input, weight, bias, stride 1, padding 1), with a ReLU after it when relu; where
-// applies(). Contiguous (NCHW) float32 output.
+// conv2d(input, weight, bias, stride 1, padding 1) with TF32 products, with a ReLU after it when
+// relu; where applies(). Contiguous (NCHW) float32 output.
 at::Tensor conv3x3(const at::Tensor& input, const at::Tensor& weight,
                    const std::optional<at::Tensor>& bias, bool relu);
 

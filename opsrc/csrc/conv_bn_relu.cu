@@ -2194,7 +2194,7 @@ at::Tensor conv_bias_relu_cuda(const at::Tensor& input, const at::Tensor& weight
   if (impl == 2) {
     if (tf32conv::tf32_allowed() &&
         tf32conv::applies(input, weight, stride, padding, dilation, groups))
-      return tf32conv::conv3x3_bias_relu(input, weight, bias);
+      return tf32conv::conv3x3(input, weight, bias, true);
     impl = 0;
   }
   // cuDNN's fused conv+bias+ReLU engines: plain convolutions with tensor-core friendly channel

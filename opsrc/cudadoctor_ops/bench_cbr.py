@@ -273,7 +273,32 @@ def bench_case(timer, shape, k, stride, dt, layout, compile_block: bool) -> dict
 
 
 _STEP_SLEEP_MS = 60  # GPU sleep ahead of one timed ResNet-50 step at batch 64 (scaled with the batch)
-_SLEEP_CYCLES_PER_MS = 1_900_000  # torch.cuda._sleep cycles per ms on the H200 (about 1.9 GHz)
+RESNET_BATCHES = (64, 128)  # default batch sizes of the ResNet-50 step
+
+
+def gpu_sleep(ms: float) -> None:
+    """Queues a sleep kernel of about ``ms`` milliseconds on the current stream (the cycles per ms
+    of conv_bn_relu's tuner, which queues its timed calls behind one the same way)."""
+    from .conv_bn_relu import _SLEEP_CYCLES  # about 1 ms
+
+    torch.cuda._sleep(int(ms * _SLEEP_CYCLES))
+
+
+def sgd_step(model, data):
+    """step(i): one bf16-autocast SGD training step of model on data[i % len(data)] = (x, y);
+    returns the loss tensor."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9, weight_decay=1e-4)
+
+    def step(i):
+        x, y = data[i % len(data)]
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return step
 
 
 def host_gpu_ms(fn, sleep_ms: float = 5.0) -> tuple[float, float]:
@@ -283,7 +308,7 @@ def host_gpu_ms(fn, sleep_ms: float = 5.0) -> tuple[float, float]:
     between CUDA events recorded around the call (its kernels back to back). A host time near
     ``sleep_ms`` means fn synchronised with the GPU."""
     torch.cuda.synchronize()
-    torch.cuda._sleep(int(sleep_ms * _SLEEP_CYCLES_PER_MS))
+    gpu_sleep(sleep_ms)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     t0 = time.perf_counter()
@@ -325,21 +350,7 @@ def resnet50_step(steps: int = 20, batch: int = 64, timed: int = 10, rounds: int
         for _ in range(4)
     ]
 
-    def make_step(model):
-        opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9, weight_decay=1e-4)
-
-        def step(i):
-            x, y = data[i % len(data)]
-            opt.zero_grad(set_to_none=True)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            return loss
-
-        return step
-
-    step_e, step_f = make_step(eager), make_step(fused)
+    step_e, step_f = sgd_step(eager, data), sgd_step(fused, data)
     losses_e, losses_f = [], []
     for i in range(steps):
         losses_e.append(step_e(i).item())
@@ -446,7 +457,7 @@ def bench_rows(args, timer, copy_tbps) -> list:
             row = Row("conv_bn_relu", kind, r["shape"] + (r["k"],), r["dtype"], r["layout"], ours, theirs, nbytes,
                       _target(kind) or 0.0)
             rows.append(row.finish(copy_tbps))
-    for res in resnet50_steps(getattr(args, "resnet_batch", None) or [64, 128], rounds=getattr(args, "rounds", 5)):
+    for res in resnet50_steps(getattr(args, "resnet_batch", None) or RESNET_BATCHES, rounds=getattr(args, "rounds", 5)):
         if "skipped" not in res:
             print("  " + _fmt_resnet(res), file=sys.stderr, flush=True)
         print(f"  resnet50 train step: {json.dumps(res)}", file=sys.stderr, flush=True)
@@ -566,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rep-ms", type=float, default=60, help="measuring time per timing (ms)")
     parser.add_argument("--rounds", type=int, default=5,
                         help="interleaved eager/fused rounds of the ResNet-50 images/s (default 5)")
-    parser.add_argument("--resnet-batch", type=_batch_list, default=[64, 128], metavar="B[,B...]",
+    parser.add_argument("--resnet-batch", type=_batch_list, default=list(RESNET_BATCHES), metavar="B[,B...]",
                         help="batch sizes of the ResNet-50 training step (default 64,128: on the H200 "
                              "machine 64 is host-bound, 128 GPU-bound)")
     args = parser.parse_args(argv)
