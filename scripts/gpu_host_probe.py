@@ -1,13 +1,16 @@
 """Host time against GPU time of one call: Conv+BN+ReLU blocks (fused and eager) and a ResNet-50 step.
 
-    python scripts/gpu_host_probe.py [blocks] [resnet] [profile] [torchprof]
+    python scripts/gpu_host_probe.py [blocks] [resnet] [profile] [torchprof] [kernels] [bs=N ...]
 
 Each call is issued while the GPU is held by a sleep kernel, so nothing the call queues can block
 the host: "host ms" is the wall time of the Python call (launches, dispatch, allocation), "gpu ms"
 the time between CUDA events recorded around it (the queued kernels back to back). A call whose
 host time exceeds its GPU time is host-bound in an eager loop; a host time near the sleep means
 the call synchronised. `profile` prints cProfile's top entries for the fused calls; `torchprof`
-torch.profiler's self CPU time per op (and CUDA runtime call) over three ResNet-50 steps.
+torch.profiler's self CPU time per op (and CUDA runtime call) over three ResNet-50 steps;
+`kernels` the GPU time per kernel over two steps of the fused model with and without the block
+tails fused. bs=N (repeatable) sets the ResNet-50 batch sizes (default 64 and 128; `kernels` takes
+the first, default 128).
 """
 
 from __future__ import annotations
@@ -93,15 +96,17 @@ def resnet(batches=(64, 128), do_profile: bool = False) -> None:
     for batch in batches:
         torch.manual_seed(0)
         base = torchvision.models.resnet50().cuda().to(memory_format=torch.channels_last)
-        models = {"eager": copy.deepcopy(base), "fused": fuse_conv_bn_relu(copy.deepcopy(base))}
+        models = {"eager": copy.deepcopy(base), "fused": fuse_conv_bn_relu(copy.deepcopy(base)),
+                  "fused, no tails": fuse_conv_bn_relu(copy.deepcopy(base), residual=False)}
         del base
         x = torch.randn(batch, 3, 224, 224, device="cuda").contiguous(memory_format=torch.channels_last)
         y = torch.randint(0, 1000, (batch,), device="cuda")
         steps = {name: sgd_step(model, x, y) for name, model in models.items()}
         torch.cuda.synchronize()
         loop = {}
+        names = list(models)
         for rnd in range(4):
-            for name in (("eager", "fused") if rnd % 2 == 0 else ("fused", "eager")):
+            for name in (names if rnd % 2 == 0 else names[::-1]):
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 for _ in range(10):
@@ -113,7 +118,7 @@ def resnet(batches=(64, 128), do_profile: bool = False) -> None:
                   f"(rounds {', '.join(f'{a:.0f}' for a in v)})", flush=True)
         res = {}
         for rnd in range(3):
-            for name in (("eager", "fused") if rnd % 2 == 0 else ("fused", "eager")):
+            for name in (names if rnd % 2 == 0 else names[::-1]):
                 h, g = host_gpu(steps[name], 120, reps=5)
                 res.setdefault(name, []).append((h, g))
         for name, v in res.items():
@@ -153,14 +158,47 @@ def torch_profile(batch: int = 64) -> None:
         torch.cuda.empty_cache()
 
 
+def kernels(batch: int = 128, top: int = 30) -> None:
+    """GPU time per kernel over 2 ResNet-50 steps of the fused model with and without the block
+    tails fused (torch.profiler, self device time)."""
+    import torchvision
+    from torch.profiler import ProfilerActivity, profile as tprofile
+
+    from cudadoctor_ops.conv_bn_relu import fuse_conv_bn_relu
+
+    torch.manual_seed(0)
+    base = torchvision.models.resnet50().cuda().to(memory_format=torch.channels_last)
+    x = torch.randn(batch, 3, 224, 224, device="cuda").contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (batch,), device="cuda")
+    for name, model in (("fused", fuse_conv_bn_relu(copy.deepcopy(base))),
+                        ("fused, no tails", fuse_conv_bn_relu(copy.deepcopy(base), residual=False))):
+        step = sgd_step(model, x, y)
+        torch.cuda.synchronize()
+        with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(2):
+                step()
+            torch.cuda.synchronize()
+        ka = prof.key_averages()
+        try:
+            table = ka.table(sort_by="self_device_time_total", row_limit=top, max_name_column_width=90)
+        except Exception:  # older key name
+            table = ka.table(sort_by="self_cuda_time_total", row_limit=top, max_name_column_width=90)
+        print(f"\n### kernels, ResNet-50 bs{batch} {name}, 2 steps, by GPU time\n```\n{table}\n```", flush=True)
+        del model, step
+        torch.cuda.empty_cache()
+
+
 def main(argv) -> int:
-    parts = set(argv) or {"blocks", "resnet"}
+    parts = {a for a in argv if not a.startswith("bs=")} or {"blocks", "resnet"}
+    bs = [int(a[3:]) for a in argv if a.startswith("bs=")]
     torch.backends.cudnn.benchmark = False
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
     if "blocks" in parts:
         blocks("profile" in parts)
     if "resnet" in parts:
-        resnet(do_profile="profile" in parts)
+        resnet(tuple(bs) or (64, 128), do_profile="profile" in parts)
+    if "kernels" in parts:
+        kernels(bs[0] if bs else 128)
     if "torchprof" in parts:
         torch_profile()
     return 0

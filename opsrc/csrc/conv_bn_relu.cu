@@ -50,6 +50,7 @@
 #include "batch_norm.h"
 #include "batch_norm_common.cuh"
 #include "conv3x3_tf32.h"
+#include "host_util.h"
 
 namespace cg = cooperative_groups;
 
@@ -290,28 +291,50 @@ __device__ __forceinline__ T bn_relu(T xv, const Coef4<A>& k, unsigned& bit) {
   return yr < A(0) ? T(0) : yt;  // NaN passes through like torch.relu
 }
 
+// relu(bn(x) + r) with the roundings of Conv2d -> BatchNorm2d -> (+= residual) -> ReLU in T: the
+// BatchNorm output rounded to T, then the sum (computed in A) rounded to T. bit: the output > 0.
+template <typename T, typename A>
+__device__ __forceinline__ T bn_add_relu(T xv, T rv, const Coef4<A>& k, unsigned& bit) {
+  const T yt = static_cast<T>((static_cast<A>(xv) - k.v[0]) * k.v[1] + k.v[2]);
+  const T st = static_cast<T>(static_cast<A>(yt) + static_cast<A>(rv));
+  const A sr = static_cast<A>(st);
+  bit = sr > A(0) ? 1u : 0u;
+  return sr < A(0) ? T(0) : st;
+}
+
 // Memory-linear pass over groups of 8 elements; one mask byte per group.
 // FAST: the channel row (HW in NCHW, C in NHWC) is a multiple of 8 and the pointers are
 // 16-byte aligned, so a group is one vector load and (NCHW) one channel.
-template <typename T, bool FAST>
+// RES: res (x's layout) is added after the BatchNorm, before the ReLU (bn_add_relu).
+template <typename T, bool FAST, bool RES = false>
 __global__ void __launch_bounds__(kThreads)
     cbr_apply(const T* __restrict__ x, T* __restrict__ y, uint8_t* __restrict__ mask,
-              const Coef4<typename Acc<T>::type>* __restrict__ coef, int64_t numel, ChannelOf ch) {
+              const Coef4<typename Acc<T>::type>* __restrict__ coef, int64_t numel, ChannelOf ch,
+              const T* __restrict__ res) {
   using A = typename Acc<T>::type;
   const int64_t groups = (numel + kGroup - 1) / kGroup;
+  auto value = [&](T xv, const T* rp, int i, const Coef4<A>& k, unsigned& bit) -> T {
+    if constexpr (RES) {
+      return bn_add_relu<T, A>(xv, rp[i], k, bit);
+    } else {
+      return bn_relu<T, A>(xv, k, bit);
+    }
+  };
   for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < groups;
        g += int64_t(gridDim.x) * blockDim.x) {
     const int64_t base = g * kGroup;
     unsigned byte = 0;
     if (FAST) {
       const Group<T> in = *reinterpret_cast<const Group<T>*>(x + base);
+      Group<T> rg;
+      if constexpr (RES) rg = *reinterpret_cast<const Group<T>*>(res + base);
       Group<T> out;
       if (ch.nhwc) {
         const int64_t c0 = base % ch.C;
 #pragma unroll
         for (int i = 0; i < kGroup; ++i) {
           unsigned bit;
-          out.v[i] = bn_relu<T, A>(in.v[i], coef[c0 + i], bit);
+          out.v[i] = value(in.v[i], rg.v, i, coef[c0 + i], bit);
           byte |= bit << i;
         }
       } else {
@@ -319,21 +342,47 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int i = 0; i < kGroup; ++i) {
           unsigned bit;
-          out.v[i] = bn_relu<T, A>(in.v[i], k, bit);
+          out.v[i] = value(in.v[i], rg.v, i, k, bit);
           byte |= bit << i;
         }
       }
       *reinterpret_cast<Group<T>*>(y + base) = out;
     } else {
+      const T* rp = nullptr;
+      if constexpr (RES) rp = res + base;
       for (int i = 0; i < kGroup; ++i) {
         const int64_t off = base + i;
         if (off >= numel) break;
         unsigned bit;
-        y[off] = bn_relu<T, A>(x[off], coef[ch(off)], bit);
+        y[off] = value(x[off], rp, i, coef[ch(off)], bit);
         byte |= bit << i;
       }
     }
     mask[g] = static_cast<uint8_t>(byte);
+  }
+}
+
+// Gradient of relu(z) from its bit mask, in memory order: out[i] = mask bit i ? g[i] : 0 (the
+// residual's gradient of Conv+BN+Add+ReLU). FAST: g and out 16-byte aligned.
+template <typename T, bool FAST>
+__global__ void __launch_bounds__(kThreads)
+    cbr_mask_grad(const T* __restrict__ g, const uint8_t* __restrict__ mask, T* __restrict__ out,
+                  int64_t numel) {
+  const int64_t groups = (numel + kGroup - 1) / kGroup;
+  for (int64_t q = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; q < groups;
+       q += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t base = q * kGroup;
+    const unsigned bits = mask[q];
+    if (FAST && base + kGroup <= numel) {
+      const Group<T> in = *reinterpret_cast<const Group<T>*>(g + base);
+      Group<T> o;
+#pragma unroll
+      for (int i = 0; i < kGroup; ++i) o.v[i] = ((bits >> i) & 1u) ? in.v[i] : T(0);
+      *reinterpret_cast<Group<T>*>(out + base) = o;
+    } else {
+      for (int i = 0; i < kGroup && base + i < numel; ++i)
+        out[base + i] = ((bits >> i) & 1u) ? g[base + i] : T(0);
+    }
   }
 }
 
@@ -865,11 +914,13 @@ __global__ void __launch_bounds__(kFinThreads)
 // Thread 0 then does the partial group (numel % 8 elements, tail > 0) with its own coefficients.
 // The body of cbr_apply_nhwc_v2 for thread gid < S, the coefficients of channel c from
 // coef_of(c) (a Coef4; c an int, or an int64_t for the partial group).
-template <typename T, bool VEC, typename CoefOf>
+// RES: res (x's layout) added after the BatchNorm, before the ReLU (bn_add_relu's roundings).
+template <typename T, bool VEC, typename CoefOf, bool RES = false>
 __device__ __forceinline__ void apply_groups_nhwc(const T* __restrict__ x, T* __restrict__ y,
                                                   uint8_t* __restrict__ mask, CoefOf&& coef_of,
                                                   int gid, int nfull, int tail, int S, int C,
-                                                  bool mask_words) {
+                                                  bool mask_words,
+                                                  const T* __restrict__ res = nullptr) {
   using A = typename Acc<T>::type;
   const int lane = threadIdx.x & 31;
   A km[kGroup], ka[kGroup], kb[kGroup];
@@ -880,14 +931,23 @@ __device__ __forceinline__ void apply_groups_nhwc(const T* __restrict__ x, T* __
     ka[i] = k.v[1];
     kb[i] = k.v[2];
   }
-  // group g (< nfull when `valid`): output, and the mask byte of the lane
-  auto one = [&](const Group<T>& in, int g, bool valid) -> unsigned {
+  // group g (< nfull when `valid`): output, and the mask byte of the lane; rg: the residual
+  // group (RES)
+  auto one = [&](const Group<T>& in, const Group<T>& rg, int g, bool valid) -> unsigned {
     unsigned byte = 0;
     Group<T> out;
 #pragma unroll
     for (int i = 0; i < kGroup; ++i) {
       unsigned bit;
-      out.v[i] = bn_relu3<T, A>(in.v[i], km[i], ka[i], kb[i], bit);
+      if constexpr (RES) {
+        Coef4<A> k;
+        k.v[0] = km[i];
+        k.v[1] = ka[i];
+        k.v[2] = kb[i];
+        out.v[i] = bn_add_relu<T, A>(in.v[i], rg.v[i], k, bit);
+      } else {
+        out.v[i] = bn_relu3<T, A>(in.v[i], km[i], ka[i], kb[i], bit);
+      }
       byte |= bit << i;
     }
     if (valid) store_full<T, VEC>(y, g, out);
@@ -901,13 +961,16 @@ __device__ __forceinline__ void apply_groups_nhwc(const T* __restrict__ x, T* __
   int w0 = gid - lane;
   // full rounds: every lane has all its kUnroll groups
   for (; w0 + (kUnroll - 1) * S + 32 <= nfull; w0 += kUnroll * S) {
-    Group<T> in[kUnroll];
+    Group<T> in[kUnroll], rg[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) load_full<T, VEC>(x, w0 + u * S + lane, in[u]);
+    for (int u = 0; u < kUnroll; ++u) {
+      load_full<T, VEC>(x, w0 + u * S + lane, in[u]);
+      if constexpr (RES) load_full<T, VEC>(res, w0 + u * S + lane, rg[u]);
+    }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int g = w0 + u * S + lane;
-      const unsigned word = word_of(one(in[u], g, true));
+      const unsigned word = word_of(one(in[u], rg[u], g, true));
       if ((lane & 3) == 0) {
         if (mask_words) {
           *reinterpret_cast<uint32_t*>(mask + g) = word;
@@ -922,14 +985,15 @@ __device__ __forceinline__ void apply_groups_nhwc(const T* __restrict__ x, T* __
   for (; w0 < nfull; w0 += S) {
     const int g = w0 + lane;
     const bool valid = g < nfull;
-    Group<T> in;
+    Group<T> in, rg;
     if (valid) {
       load_full<T, VEC>(x, g, in);
+      if constexpr (RES) load_full<T, VEC>(res, g, rg);
     } else {
 #pragma unroll
-      for (int i = 0; i < kGroup; ++i) in.v[i] = T(0);
+      for (int i = 0; i < kGroup; ++i) in.v[i] = rg.v[i] = T(0);
     }
-    const unsigned word = word_of(one(in, g, valid));
+    const unsigned word = word_of(one(in, rg, g, valid));
     if ((lane & 3) == 0 && valid) {
       if (mask_words && g + 3 < nfull) {
         *reinterpret_cast<uint32_t*>(mask + g) = word;
@@ -945,22 +1009,27 @@ __device__ __forceinline__ void apply_groups_nhwc(const T* __restrict__ x, T* __
     for (int i = 0; i < tail; ++i) {
       const Coef4<A> k = coef_of((e0 + i) % C);
       unsigned bit;
-      y[e0 + i] = bn_relu3<T, A>(x[e0 + i], k.v[0], k.v[1], k.v[2], bit);
+      if constexpr (RES) {
+        y[e0 + i] = bn_add_relu<T, A>(x[e0 + i], res[e0 + i], k, bit);
+      } else {
+        y[e0 + i] = bn_relu3<T, A>(x[e0 + i], k.v[0], k.v[1], k.v[2], bit);
+      }
       byte |= bit << i;
     }
     mask[nfull] = static_cast<uint8_t>(byte);
   }
 }
 
-template <typename T, bool VEC>
+template <typename T, bool VEC, bool RES = false>
 __global__ void __launch_bounds__(kThreads)
     cbr_apply_nhwc_v2(const T* __restrict__ x, T* __restrict__ y, uint8_t* __restrict__ mask,
                       const Coef4<typename Acc<T>::type>* __restrict__ coef, int nfull, int tail,
-                      int S, int C, bool mask_words) {
+                      int S, int C, bool mask_words, const T* __restrict__ res) {
   const int gid = blockIdx.x * kThreads + threadIdx.x;
   if (gid >= S) return;
-  apply_groups_nhwc<T, VEC>(
-      x, y, mask, [&](auto c) { return coef[c]; }, gid, nfull, tail, S, C, mask_words);
+  auto coef_of = [&](auto c) { return coef[c]; };
+  apply_groups_nhwc<T, VEC, decltype(coef_of)&, RES>(x, y, mask, coef_of, gid, nfull, tail, S, C,
+                                                     mask_words, res);
 }
 
 // Backward sums of the full groups: sum g and sum g * (x - mean) with g = dy * mask, per
@@ -1317,10 +1386,39 @@ NhwcGrid nhwc_grid(int64_t Cv, int64_t R, int device) {
   return g;
 }
 
+// cbr_apply over conv_out l.x: out and the mask from the per-channel coefficients, with the
+// residual res (l.x's layout) added before the ReLU when not null.
+template <typename T>
+void launch_apply_v1(const Layout& l, const at::Tensor& out, const at::Tensor& mask,
+                     const Coef4<typename Acc<T>::type>* cp, const T* res) {
+  const int device = l.x.get_device();
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  const T* x = l.x.data_ptr<T>();
+  const int64_t numel = l.x.numel();
+  const unsigned blocks = linear_blocks(numel, device);
+  uint8_t* mp = mask.data_ptr<uint8_t>();
+  T* y = out.data_ptr<T>();
+  const ChannelOf ch = channel_of(l);
+  const bool fast = res != nullptr ? fast_groups(l, {x, y, res}) : fast_groups(l, {x, y});
+  if (res != nullptr) {
+    if (fast) {
+      cbr_apply<T, true, true><<<blocks, kThreads, 0, stream>>>(x, y, mp, cp, numel, ch, res);
+    } else {
+      cbr_apply<T, false, true><<<blocks, kThreads, 0, stream>>>(x, y, mp, cp, numel, ch, res);
+    }
+  } else if (fast) {
+    cbr_apply<T, true><<<blocks, kThreads, 0, stream>>>(x, y, mp, cp, numel, ch, nullptr);
+  } else {
+    cbr_apply<T, false><<<blocks, kThreads, 0, stream>>>(x, y, mp, cp, numel, ch, nullptr);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// res: see launch_apply_v1 (nullptr: none).
 template <typename T, int V>
 void stats_and_apply(const Layout& l, const at::Tensor& out, const at::Tensor& mask, double eps,
                      const at::Tensor& w, const at::Tensor& b, const at::Tensor& save_mean,
-                     const at::Tensor& save_invstd) {
+                     const at::Tensor& save_invstd, const T* res) {
   using A = typename Acc<T>::type;
   const int device = l.x.get_device();
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
@@ -1352,17 +1450,7 @@ void stats_and_apply(const Layout& l, const at::Tensor& out, const at::Tensor& m
         cp);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  const int64_t numel = l.x.numel();
-  const unsigned blocks = linear_blocks(numel, device);
-  uint8_t* mp = mask.data_ptr<uint8_t>();
-  if (fast_groups(l, {x, out.data_ptr()})) {
-    cbr_apply<T, true><<<blocks, kThreads, 0, stream>>>(x, out.data_ptr<T>(), mp, cp, numel,
-                                                        channel_of(l));
-  } else {
-    cbr_apply<T, false><<<blocks, kThreads, 0, stream>>>(x, out.data_ptr<T>(), mp, cp, numel,
-                                                         channel_of(l));
-  }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch_apply_v1<T>(l, out, mask, cp, res);
 }
 
 template <typename T, int V>
@@ -1523,22 +1611,28 @@ struct ApplyPass {
   }
 };
 
-// cbr_apply_nhwc_v2 over conv_out l.x: out and the mask from the per-channel coefficients.
+// cbr_apply_nhwc_v2 over conv_out l.x: out and the mask from the per-channel coefficients; with
+// res (l.x's layout, not null) relu(bn + res).
 template <typename T>
 void launch_apply_v2(const Layout& l, const at::Tensor& out, const at::Tensor& mask,
-                     const Coef4<typename Acc<T>::type>* cp) {
+                     const Coef4<typename Acc<T>::type>* cp, const T* res = nullptr) {
   const ApplyPass<T> p(l, out, mask);
-  auto* apply = p.vec ? &cbr_apply_nhwc_v2<T, true> : &cbr_apply_nhwc_v2<T, false>;
+  const bool vec = p.vec && (res == nullptr || aligned16(res));
+  auto* apply = res != nullptr ? (vec ? &cbr_apply_nhwc_v2<T, true, true>
+                                      : &cbr_apply_nhwc_v2<T, false, true>)
+                               : (vec ? &cbr_apply_nhwc_v2<T, true> : &cbr_apply_nhwc_v2<T, false>);
   const FlatPlan ap = p.plan(apply);
   apply<<<ap.blocks, kThreads, 0, p.stream>>>(p.x, p.y, p.mask, cp, p.nfull, p.tail,
-                                              static_cast<int>(ap.S), p.C, p.mask_words);
+                                              static_cast<int>(ap.S), p.C, p.mask_words, res);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// res: see launch_apply_v1 (nullptr: none; with one, the apply is cbr_apply's).
 template <typename T>
 void stats_and_apply_v2(const Layout& l, const at::Tensor& out, const at::Tensor& mask,
                         double eps, const at::Tensor& w, const at::Tensor& b,
-                        const at::Tensor& save_mean, const at::Tensor& save_invstd) {
+                        const at::Tensor& save_mean, const at::Tensor& save_invstd,
+                        const T* res) {
   using A = typename Acc<T>::type;
   const int device = l.x.get_device();
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
@@ -1565,7 +1659,7 @@ void stats_and_apply_v2(const Layout& l, const at::Tensor& out, const at::Tensor
       save_invstd.data_ptr<A>(), cp);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
-  launch_apply_v2<T>(l, out, mask, cp);
+  launch_apply_v2<T>(l, out, mask, cp, res);
 }
 
 template <typename T>
@@ -1862,12 +1956,15 @@ void check_train_args(const char* op, const at::Tensor& input, const at::Tensor&
 // (CUDADOCTOR_OPS_CBR_TILE not 0): bn::batch_norm_relu_mask_train first (BN, ReLU, mask and the
 // update in one launch: bn_tile_nhwc / bn_fused_nchw); where it does not apply the v2 (or v1)
 // kernels and then cbr_update_stats.
+// residual (may be null): Conv+BN+Add+ReLU, out = relu(bn(conv) + residual), on the statistics
+// kernels and the apply pass with the residual (never the one-launch kernels); the mask is that
+// of out.
 TrainOut train_impl(const char* op, const at::Tensor& input, const at::Tensor& conv_weight,
                     const std::optional<at::Tensor>& conv_bias,
                     const std::optional<at::Tensor>& bn_weight,
                     const std::optional<at::Tensor>& bn_bias, double eps, at::IntArrayRef stride,
                     at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
-                    const StatsUpdate* upd) {
+                    const StatsUpdate* upd, const at::Tensor* residual = nullptr) {
   c10::cuda::CUDAGuard guard(input.device());
   // float32 NCHW 3x3 on large images: the direct TF32 kernel (NCHW in and out) where torch lets
   // cuDNN use TF32, in place of cuDNN's TF32 kernel and its two layout transposes
@@ -1880,6 +1977,11 @@ TrainOut train_impl(const char* op, const at::Tensor& input, const at::Tensor& c
   check_bn_param(op, bn_bias, "bn_bias", conv_out);
   Layout l = bn::make_layout(conv_out);
   conv_out = l.x;
+  at::Tensor res;
+  if (residual != nullptr) {
+    check_residual(op, *residual, conv_out);
+    res = bn::like_layout(*residual, l);
+  }
   const auto acc_type = input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const auto acc_opts = input.options().dtype(acc_type);
   const int64_t C = l.C;
@@ -1900,7 +2002,7 @@ TrainOut train_impl(const char* op, const at::Tensor& input, const at::Tensor& c
   }
   const at::Tensor w = bn::contig_param(bn_weight), b = bn::contig_param(bn_bias);
   const bool v1 = cbr_v1_selected();
-  if (tile_enabled() && !(l.nhwc && v1)) {
+  if (tile_enabled() && !(l.nhwc && v1) && !res.defined()) {
     const at::Tensor none;
     if (bn::batch_norm_relu_mask_train(l.x, out, mask, w, b, eps, save_mean, save_invstd,
                                        upd ? upd->rm : none, upd ? upd->rv : none,
@@ -1910,15 +2012,16 @@ TrainOut train_impl(const char* op, const at::Tensor& input, const at::Tensor& c
   }
   const bool v2 = l.nhwc && v2_fits(l) && !v1;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, l.x.scalar_type(), "cbr_fwd", [&] {
+    const scalar_t* rp = res.defined() ? res.data_ptr<scalar_t>() : nullptr;
     if (v2) {
-      stats_and_apply_v2<scalar_t>(l, out, mask, eps, w, b, save_mean, save_invstd);
+      stats_and_apply_v2<scalar_t>(l, out, mask, eps, w, b, save_mean, save_invstd, rp);
       return;
     }
     constexpr int VW = 16 / sizeof(scalar_t);
     if (bn::vec_width<scalar_t>(l, {l.x.data_ptr()}) == VW) {
-      stats_and_apply<scalar_t, VW>(l, out, mask, eps, w, b, save_mean, save_invstd);
+      stats_and_apply<scalar_t, VW>(l, out, mask, eps, w, b, save_mean, save_invstd, rp);
     } else {
-      stats_and_apply<scalar_t, 1>(l, out, mask, eps, w, b, save_mean, save_invstd);
+      stats_and_apply<scalar_t, 1>(l, out, mask, eps, w, b, save_mean, save_invstd, rp);
     }
   });
   if (upd != nullptr) launch_stats_update(*upd, save_mean, save_invstd, eps, per_channel);
@@ -2258,10 +2361,66 @@ TrainOut conv_bn_relu_train_update_cuda(const at::Tensor& input, const at::Tenso
                     dilation, groups, u.any() ? &u : nullptr);
 }
 
+// -> (out, conv_out, save_mean, save_invstd, mask) of relu(bn(conv(input)) + residual)
+TrainOut conv_bn_add_relu_train_cuda(const at::Tensor& input, const at::Tensor& conv_weight,
+                                     const std::optional<at::Tensor>& conv_bias,
+                                     const std::optional<at::Tensor>& bn_weight,
+                                     const std::optional<at::Tensor>& bn_bias,
+                                     const at::Tensor& residual, double eps,
+                                     at::IntArrayRef stride, at::IntArrayRef padding,
+                                     at::IntArrayRef dilation, int64_t groups) {
+  constexpr const char* op = "cudadoctor_ops.conv_bn_add_relu";
+  check_train_args(op, input, conv_weight, conv_bias, eps, stride, padding, dilation, groups);
+  return train_impl(op, input, conv_weight, conv_bias, bn_weight, bn_bias, eps, stride, padding,
+                    dilation, groups, nullptr, &residual);
+}
+
+// grad_out where the mask (of conv_out's elements, memory order) is set, else 0; in conv_out's
+// layout.
+at::Tensor relu_mask_grad_cuda(const at::Tensor& grad_out, const at::Tensor& conv_out,
+                               const at::Tensor& mask) {
+  constexpr const char* op = "cudadoctor_ops.relu_mask_grad";
+  TORCH_CHECK(grad_out.sizes() == conv_out.sizes() &&
+                  grad_out.scalar_type() == conv_out.scalar_type() &&
+                  grad_out.device() == conv_out.device() && conv_out.is_cuda(),
+              op, ": grad_out must match conv_out (", conv_out.sizes(), ", ",
+              conv_out.scalar_type(), ", CUDA), got ", grad_out.sizes(), ", ",
+              grad_out.scalar_type(), " on ", grad_out.device());
+  TORCH_CHECK(mask.scalar_type() == at::kByte && mask.device() == conv_out.device() &&
+                  mask.is_contiguous() && mask.numel() >= mask_bytes(conv_out.numel()),
+              op, ": mask must be the uint8 mask returned with conv_out");
+  c10::cuda::CUDAGuard guard(conv_out.device());
+  Layout l = bn::make_layout(conv_out);
+  TORCH_CHECK(l.x.is_same(conv_out), op,
+              ": conv_out must be contiguous or channels_last as returned by the training op");
+  const at::Tensor g = bn::like_layout(grad_out, l);
+  at::Tensor out = at::empty_like(l.x);
+  const int64_t numel = l.x.numel();
+  if (numel == 0) return out;
+  const int device = l.x.get_device();
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  const unsigned blocks = linear_blocks(numel, device);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, l.x.scalar_type(), "cbr_mask_grad",
+                                  [&] {
+    const scalar_t* gp = g.data_ptr<scalar_t>();
+    scalar_t* op_ = out.data_ptr<scalar_t>();
+    const uint8_t* mp = mask.data_ptr<uint8_t>();
+    if (aligned16(gp) && aligned16(op_)) {
+      cbr_mask_grad<scalar_t, true><<<blocks, kThreads, 0, stream>>>(gp, mp, op_, numel);
+    } else {
+      cbr_mask_grad<scalar_t, false><<<blocks, kThreads, 0, stream>>>(gp, mp, op_, numel);
+    }
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
 }  // namespace cbr
 }  // namespace cudadoctor_ops
 
 TORCH_LIBRARY_IMPL(cudadoctor_ops, CUDA, m) {
+  m.impl("conv_bn_add_relu_train", &cudadoctor_ops::cbr::conv_bn_add_relu_train_cuda);
+  m.impl("relu_mask_grad", &cudadoctor_ops::cbr::relu_mask_grad_cuda);
   m.impl("conv_bn_relu_train", &cudadoctor_ops::cbr::conv_bn_relu_train_cuda);
   m.impl("conv_bn_relu_backward", &cudadoctor_ops::cbr::conv_bn_relu_backward_cuda);
   m.impl("conv_bias_relu", &cudadoctor_ops::cbr::conv_bias_relu_cuda);

@@ -72,6 +72,28 @@ eval_op() {
   return op;
 }
 
+const c10::TypedOperatorHandle<TrainOut(const Tensor&, const Tensor&, const OptTensor&,
+                                        const OptTensor&, const OptTensor&, const Tensor&, double,
+                                        at::IntArrayRef, at::IntArrayRef, at::IntArrayRef,
+                                        int64_t)>&
+train_add_op() {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("cudadoctor_ops::conv_bn_add_relu_train", "")
+                       .typed<TrainOut(const Tensor&, const Tensor&, const OptTensor&,
+                                       const OptTensor&, const OptTensor&, const Tensor&, double,
+                                       at::IntArrayRef, at::IntArrayRef, at::IntArrayRef,
+                                       int64_t)>();
+  return op;
+}
+
+const c10::TypedOperatorHandle<Tensor(const Tensor&, const Tensor&, const Tensor&)>&
+mask_grad_op() {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("cudadoctor_ops::relu_mask_grad", "")
+                       .typed<Tensor(const Tensor&, const Tensor&, const Tensor&)>();
+  return op;
+}
+
 const c10::TypedOperatorHandle<void(const OptTensor&, const OptTensor&, const OptTensor&,
                                     const Tensor&, const Tensor&, double, double, int64_t)>&
 update_op() {
@@ -83,6 +105,62 @@ update_op() {
 }
 
 // ---------------------------------------------------------------- autograd
+
+// What the training ops' autograd Functions keep for conv_bn_relu_backward.
+void save_train(AutogradContext* ctx, const Tensor& input, const Tensor& weight,
+                const OptTensor& conv_bias, const OptTensor& bn_weight, const OptTensor& bn_bias,
+                at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                int64_t groups, const Tensor& conv_out, const Tensor& save_mean,
+                const Tensor& save_invstd, const Tensor& mask) {
+  ctx->save_for_backward({input, weight, conv_out, has(bn_weight) ? *bn_weight : Tensor(),
+                          save_mean, save_invstd, mask});
+  ctx->saved_data["stride"] = vec(stride);
+  ctx->saved_data["padding"] = vec(padding);
+  ctx->saved_data["dilation"] = vec(dilation);
+  ctx->saved_data["groups"] = groups;
+  ctx->saved_data["has_cb"] = has(conv_bias);
+  ctx->saved_data["has_bw"] = has(bn_weight);
+  ctx->saved_data["has_bb"] = has(bn_bias);
+  ctx->saved_data["bb_dtype"] =
+      static_cast<int64_t>(has(bn_bias) ? bn_bias->scalar_type() : at::kFloat);
+  ctx->mark_non_differentiable({conv_out, save_mean, save_invstd, mask});
+  ctx->set_materialize_grads(false);
+}
+
+// Which of (input, conv weight, conv bias, BN weight, BN bias) need a gradient; edge: the index
+// of the next tensor input after them (needs_input_grad counts only the tensors given).
+std::array<bool, 5> train_needs(AutogradContext* ctx, size_t& edge) {
+  edge = 0;
+  const bool n_in = ctx->needs_input_grad(edge++);
+  const bool n_w = ctx->needs_input_grad(edge++);
+  const bool n_cb = ctx->saved_data["has_cb"].toBool() && ctx->needs_input_grad(edge++);
+  const bool n_bw = ctx->saved_data["has_bw"].toBool() && ctx->needs_input_grad(edge++);
+  const bool n_bb = ctx->saved_data["has_bb"].toBool() && ctx->needs_input_grad(edge++);
+  return {n_in, n_w, n_cb, n_bw, n_bb};
+}
+
+// conv_bn_relu_backward for the gradients `need` asks for, into result[0 .. 4].
+void train_backward(AutogradContext* ctx, const Tensor& grad_out, const std::array<bool, 5>& need,
+                    variable_list& result) {
+  if (!(need[0] || need[1] || need[2] || need[3] || need[4])) return;
+  auto saved = ctx->get_saved_variables();
+  OptTensor bn_weight;
+  if (saved[3].defined()) bn_weight = saved[3];
+  auto r = backward_op().call(grad_out, saved[0], saved[1], saved[2], bn_weight, saved[4],
+                              saved[5], saved[6], ctx->saved_data["stride"].toIntVector(),
+                              ctx->saved_data["padding"].toIntVector(),
+                              ctx->saved_data["dilation"].toIntVector(),
+                              ctx->saved_data["groups"].toInt(), need);
+  if (need[0]) result[0] = std::get<0>(r);
+  if (need[1]) result[1] = std::get<1>(r);
+  if (need[2]) result[2] = std::get<2>(r);
+  if (need[3]) result[3] = std::get<3>(r);
+  if (need[4]) {
+    const auto dt = static_cast<at::ScalarType>(ctx->saved_data["bb_dtype"].toInt());
+    Tensor g = std::get<4>(r);
+    result[4] = g.scalar_type() == dt ? g : g.to(dt);
+  }
+}
 
 // update (eager CUDA tensors only, see forward_composite): the forward calls the CUDA
 // implementation directly and it also updates running_mean / running_var / num_batches_tracked
@@ -112,19 +190,8 @@ struct TrainFn : public torch::autograd::Function<TrainFn> {
       std::tie(out, conv_out, save_mean, save_invstd, mask) = train_op().call(
           input, weight, conv_bias, bn_weight, bn_bias, eps, stride, padding, dilation, groups);
     }
-    ctx->save_for_backward({input, weight, conv_out, has(bn_weight) ? *bn_weight : Tensor(),
-                            save_mean, save_invstd, mask});
-    ctx->saved_data["stride"] = vec(stride);
-    ctx->saved_data["padding"] = vec(padding);
-    ctx->saved_data["dilation"] = vec(dilation);
-    ctx->saved_data["groups"] = groups;
-    ctx->saved_data["has_cb"] = has(conv_bias);
-    ctx->saved_data["has_bw"] = has(bn_weight);
-    ctx->saved_data["has_bb"] = has(bn_bias);
-    ctx->saved_data["bb_dtype"] =
-        static_cast<int64_t>(has(bn_bias) ? bn_bias->scalar_type() : at::kFloat);
-    ctx->mark_non_differentiable({conv_out, save_mean, save_invstd, mask});
-    ctx->set_materialize_grads(false);
+    save_train(ctx, input, weight, conv_bias, bn_weight, bn_bias, stride, padding, dilation,
+               groups, conv_out, save_mean, save_invstd, mask);
     return {out, conv_out, save_mean, save_invstd, mask};
   }
 
@@ -133,39 +200,56 @@ struct TrainFn : public torch::autograd::Function<TrainFn> {
     variable_list result(15);
     const Tensor& grad_out = grads[0];
     if (!grad_out.defined()) return result;
-    auto saved = ctx->get_saved_variables();
-    const bool has_cb = ctx->saved_data["has_cb"].toBool();
-    const bool has_bw = ctx->saved_data["has_bw"].toBool();
-    const bool has_bb = ctx->saved_data["has_bb"].toBool();
-    // needs_input_grad counts only the tensor inputs that were given
     size_t edge = 0;
-    const bool n_in = ctx->needs_input_grad(edge++);
-    const bool n_w = ctx->needs_input_grad(edge++);
-    const bool n_cb = has_cb && ctx->needs_input_grad(edge++);
-    const bool n_bw = has_bw && ctx->needs_input_grad(edge++);
-    const bool n_bb = has_bb && ctx->needs_input_grad(edge++);
-    const std::array<bool, 5> mask = {n_in, n_w, n_cb, n_bw, n_bb};
-    if (!(n_in || n_w || n_cb || n_bw || n_bb)) return result;
-    const auto stride = ctx->saved_data["stride"].toIntVector();
-    const auto padding = ctx->saved_data["padding"].toIntVector();
-    const auto dilation = ctx->saved_data["dilation"].toIntVector();
-    const int64_t groups = ctx->saved_data["groups"].toInt();
-    OptTensor bn_weight;
-    if (saved[3].defined()) bn_weight = saved[3];
-    auto r = backward_op().call(grad_out, saved[0], saved[1], saved[2], bn_weight, saved[4],
-                                saved[5], saved[6], stride, padding, dilation, groups, mask);
-    if (n_in) result[0] = std::get<0>(r);
-    if (n_w) result[1] = std::get<1>(r);
-    if (n_cb) result[2] = std::get<2>(r);
-    if (n_bw) result[3] = std::get<3>(r);
-    if (n_bb) {
-      const auto dt = static_cast<at::ScalarType>(ctx->saved_data["bb_dtype"].toInt());
-      Tensor g = std::get<4>(r);
-      result[4] = g.scalar_type() == dt ? g : g.to(dt);
-    }
+    train_backward(ctx, grad_out, train_needs(ctx, edge), result);
     return result;
   }
 };
+
+// conv_bn_add_relu_train: TrainFn's formulas (conv_bn_relu_backward with the mask) for input,
+// conv weight / bias and BN weight / bias, and relu_mask_grad (grad_out where out > 0) for the
+// residual.
+struct TrainAddFn : public torch::autograd::Function<TrainAddFn> {
+  static variable_list forward(AutogradContext* ctx, const Tensor& input, const Tensor& weight,
+                               const OptTensor& conv_bias, const OptTensor& bn_weight,
+                               const OptTensor& bn_bias, const Tensor& residual, double eps,
+                               at::IntArrayRef stride, at::IntArrayRef padding,
+                               at::IntArrayRef dilation, int64_t groups) {
+    Tensor out, conv_out, save_mean, save_invstd, mask;
+    {
+      at::AutoDispatchBelowADInplaceOrView below;
+      std::tie(out, conv_out, save_mean, save_invstd, mask) =
+          train_add_op().call(input, weight, conv_bias, bn_weight, bn_bias, residual, eps, stride,
+                              padding, dilation, groups);
+    }
+    save_train(ctx, input, weight, conv_bias, bn_weight, bn_bias, stride, padding, dilation,
+               groups, conv_out, save_mean, save_invstd, mask);
+    return {out, conv_out, save_mean, save_invstd, mask};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list result(11);
+    const Tensor& grad_out = grads[0];
+    if (!grad_out.defined()) return result;
+    size_t edge = 0;
+    const std::array<bool, 5> need = train_needs(ctx, edge);
+    if (ctx->needs_input_grad(edge)) {  // the residual
+      auto saved = ctx->get_saved_variables();
+      result[5] = mask_grad_op().call(grad_out, saved[2], saved[6]);
+    }
+    train_backward(ctx, grad_out, need, result);
+    return result;
+  }
+};
+
+TrainOut train_add_autograd(const Tensor& input, const Tensor& weight, const OptTensor& conv_bias,
+                            const OptTensor& bn_weight, const OptTensor& bn_bias,
+                            const Tensor& residual, double eps, at::IntArrayRef stride,
+                            at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups) {
+  auto r = TrainAddFn::apply(input, weight, conv_bias, bn_weight, bn_bias, residual, eps, stride,
+                             padding, dilation, groups);
+  return {r[0], r[1], r[2], r[3], r[4]};
+}
 
 TrainOut train_autograd(const Tensor& input, const Tensor& weight, const OptTensor& conv_bias,
                         const OptTensor& bn_weight, const OptTensor& bn_bias, double eps,
@@ -285,6 +369,26 @@ Tensor forward_composite(const Tensor& input, const Tensor& weight, const OptTen
   return std::get<0>(r);
 }
 
+// One training forward of a Conv2d -> BatchNorm2d -> (+ residual) -> ReLU block: the fused op,
+// then the running statistics and num_batches_tracked in one small kernel.
+Tensor forward_add_composite(const Tensor& input, const Tensor& weight, const OptTensor& conv_bias,
+                             const OptTensor& bn_weight, const OptTensor& bn_bias,
+                             const Tensor& residual, const OptTensor& running_mean,
+                             const OptTensor& running_var, const OptTensor& num_batches_tracked,
+                             double momentum, double eps, at::IntArrayRef stride,
+                             at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups) {
+  const bool stats = has(running_mean) && has(running_var);
+  auto r = train_add_op().call(input, weight, conv_bias, bn_weight, bn_bias, residual, eps, stride,
+                               padding, dilation, groups);
+  const Tensor& conv_out = std::get<1>(r);
+  if (stats || has(num_batches_tracked)) {
+    const int64_t count = conv_out.numel() > 0 ? conv_out.numel() / conv_out.size(1) : 0;
+    update_op().call(stats ? running_mean : OptTensor(), stats ? running_var : OptTensor(),
+                     num_batches_tracked, std::get<2>(r), std::get<3>(r), momentum, eps, count);
+  }
+  return std::get<0>(r);
+}
+
 // ---------------------------------------------------------------- CPU kernels (ATen)
 
 bool is_cl(const Tensor& t) {
@@ -329,11 +433,13 @@ void check_cpu(const char* op, const Tensor& input, const Tensor& weight, int64_
               input.size(1), " and groups = ", groups, ", got ", weight.sizes());
 }
 
-TrainOut train_cpu(const Tensor& input, const Tensor& weight, const OptTensor& conv_bias,
-                   const OptTensor& bn_weight, const OptTensor& bn_bias, double eps,
-                   at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
-                   int64_t groups) {
-  constexpr const char* op = "cudadoctor_ops.conv_bn_relu";
+// residual (may be null): out = relu(bn(conv) + residual) with the roundings of the CUDA kernel
+// (bn_add_relu: the BatchNorm output and the sum each rounded to the input's dtype).
+TrainOut train_cpu_impl(const char* op, const Tensor& input, const Tensor& weight,
+                        const OptTensor& conv_bias, const OptTensor& bn_weight,
+                        const OptTensor& bn_bias, double eps, at::IntArrayRef stride,
+                        at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
+                        const Tensor* residual) {
   check_cpu(op, input, weight, groups);
   const std::vector<int64_t> zero = {0, 0};
   Tensor conv_out = at::convolution(input, weight, conv_bias, stride, padding, dilation, false,
@@ -350,6 +456,7 @@ TrainOut train_cpu(const Tensor& input, const Tensor& weight, const OptTensor& c
   TORCH_CHECK(conv_out.numel() == 0 || conv_out.numel() / C > 1, op,
               ": expected more than 1 value per channel when training, got conv output size ",
               conv_out.sizes());
+  if (residual != nullptr) check_residual(op, *residual, conv_out);
   const auto acc = acc_of(input);
   if (conv_out.numel() == 0) {
     const auto z = at::zeros({C}, input.options().dtype(acc));
@@ -364,10 +471,40 @@ TrainOut train_cpu(const Tensor& input, const Tensor& weight, const OptTensor& c
   Tensor y = (xa - per_channel(mean)) * per_channel(scale);
   if (has(bn_bias)) y = y + per_channel(bn_bias->to(acc));
   y = y.to(input.scalar_type());
+  if (residual != nullptr) y = (y.to(acc) + residual->to(acc)).to(input.scalar_type());
   if (cl) y = y.contiguous(at::MemoryFormat::ChannelsLast);
   const Tensor mask = pack_bits(y.gt(0), cl);
   const Tensor out = at::relu(y);
   return {out, conv_out, mean, invstd, mask};
+}
+
+TrainOut train_cpu(const Tensor& input, const Tensor& weight, const OptTensor& conv_bias,
+                   const OptTensor& bn_weight, const OptTensor& bn_bias, double eps,
+                   at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                   int64_t groups) {
+  return train_cpu_impl("cudadoctor_ops.conv_bn_relu", input, weight, conv_bias, bn_weight,
+                        bn_bias, eps, stride, padding, dilation, groups, nullptr);
+}
+
+TrainOut train_add_cpu(const Tensor& input, const Tensor& weight, const OptTensor& conv_bias,
+                       const OptTensor& bn_weight, const OptTensor& bn_bias,
+                       const Tensor& residual, double eps, at::IntArrayRef stride,
+                       at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups) {
+  return train_cpu_impl("cudadoctor_ops.conv_bn_add_relu", input, weight, conv_bias, bn_weight,
+                        bn_bias, eps, stride, padding, dilation, groups, &residual);
+}
+
+Tensor relu_mask_grad_cpu(const Tensor& grad_out, const Tensor& conv_out, const Tensor& mask) {
+  TORCH_CHECK(grad_out.sizes() == conv_out.sizes() &&
+                  grad_out.scalar_type() == conv_out.scalar_type() && conv_out.dim() == 4,
+              "cudadoctor_ops.relu_mask_grad: grad_out must match conv_out (", conv_out.sizes(),
+              ", ", conv_out.scalar_type(), "), got ", grad_out.sizes(), ", ",
+              grad_out.scalar_type());
+  TORCH_CHECK(mask.scalar_type() == at::kByte && mask.numel() * 8 >= conv_out.numel(),
+              "cudadoctor_ops.relu_mask_grad: mask must be the uint8 mask returned with conv_out");
+  const bool cl = is_cl(conv_out);
+  Tensor g = grad_out * unpack_bits(mask, conv_out, cl);
+  return g.contiguous(cl ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous);
 }
 
 TrainOut backward_cpu(const Tensor& grad_out, const Tensor& input, const Tensor& weight,
@@ -456,16 +593,20 @@ void update_stats_cpu(const OptTensor& running_mean, const OptTensor& running_va
 }  // namespace cudadoctor_ops
 
 TORCH_LIBRARY_IMPL(cudadoctor_ops, Autograd, m) {
+  m.impl("conv_bn_add_relu_train", &cudadoctor_ops::cbr_host::train_add_autograd);
   m.impl("conv_bn_relu_train", &cudadoctor_ops::cbr_host::train_autograd);
   m.impl("conv_bias_relu", &cudadoctor_ops::cbr_host::eval_autograd);
 }
 
 TORCH_LIBRARY_IMPL(cudadoctor_ops, CompositeImplicitAutograd, m) {
   m.impl("conv_bn_relu_forward", &cudadoctor_ops::cbr_host::forward_composite);
+  m.impl("conv_bn_add_relu_forward", &cudadoctor_ops::cbr_host::forward_add_composite);
 }
 
 TORCH_LIBRARY_IMPL(cudadoctor_ops, CPU, m) {
   m.impl("conv_bn_relu_train", &cudadoctor_ops::cbr_host::train_cpu);
+  m.impl("conv_bn_add_relu_train", &cudadoctor_ops::cbr_host::train_add_cpu);
+  m.impl("relu_mask_grad", &cudadoctor_ops::cbr_host::relu_mask_grad_cpu);
   m.impl("conv_bn_relu_backward", &cudadoctor_ops::cbr_host::backward_cpu);
   m.impl("conv_bias_relu", &cudadoctor_ops::cbr_host::conv_bias_relu_cpu);
   m.impl("conv_bn_relu_update_stats", &cudadoctor_ops::cbr_host::update_stats_cpu);

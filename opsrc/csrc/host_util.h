@@ -4,6 +4,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/DispatchKeySet.h>
 #include <c10/util/ArrayRef.h>
+#include <c10/util/Exception.h>
 
 #include <cstdint>
 #include <optional>
@@ -28,6 +29,16 @@ inline bool plain_cuda(const at::Tensor& t) {
                                           c10::DispatchKey::FuncTorchGradWrapper,
                                           c10::DispatchKey::Conjugate, c10::DispatchKey::Negative});
   return !t.key_set().has_any(kWrapped);
+}
+
+// Conv+BN+Add+ReLU's residual: the convolution output's sizes, dtype and device.
+inline void check_residual(const char* op, const at::Tensor& residual, const at::Tensor& conv_out) {
+  TORCH_CHECK(residual.sizes() == conv_out.sizes() &&
+                  residual.scalar_type() == conv_out.scalar_type() &&
+                  residual.device() == conv_out.device(),
+              op, ": residual must have the convolution output's sizes ", conv_out.sizes(),
+              ", dtype ", conv_out.scalar_type(), " and device ", conv_out.device(), ", got ",
+              residual.sizes(), " ", residual.scalar_type(), " on ", residual.device());
 }
 
 }  // namespace cudadoctor_ops

@@ -96,6 +96,24 @@ TORCH_LIBRARY(cudadoctor_ops, m) {
       "Tensor? bn_weight, Tensor? bn_bias, Tensor(a!)? running_mean, Tensor(b!)? running_var, "
       "Tensor(c!)? num_batches_tracked, float momentum, float eps, int[2] stride, "
       "int[2] padding, int[2] dilation, int groups) -> Tensor");
+  // Conv2d -> BatchNorm2d -> (+ residual) -> ReLU, the tail of a ResNet block: as
+  // conv_bn_relu_train with out = relu(bn(conv(input)) + residual) (residual: the convolution
+  // output's sizes and dtype) and the mask that of out. Its backward is conv_bn_relu_backward's
+  // plus relu_mask_grad for the residual.
+  m.def(
+      "conv_bn_add_relu_train(Tensor input, Tensor conv_weight, Tensor? conv_bias, "
+      "Tensor? bn_weight, Tensor? bn_bias, Tensor residual, float eps, int[2] stride, "
+      "int[2] padding, int[2] dilation, int groups) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // grad_out where the bit mask (one bit per element of conv_out, memory order) is set, else 0,
+  // in conv_out's layout: the gradient that reaches the residual of conv_bn_add_relu_train.
+  m.def("relu_mask_grad(Tensor grad_out, Tensor conv_out, Tensor mask) -> Tensor");
+  // One training forward of a Conv2d -> BatchNorm2d -> (+ residual) -> ReLU block
+  // (conv_bn_add_relu_train, then conv_bn_relu_update_stats); CompositeImplicitAutograd.
+  m.def(
+      "conv_bn_add_relu_forward(Tensor input, Tensor conv_weight, Tensor? conv_bias, "
+      "Tensor? bn_weight, Tensor? bn_bias, Tensor residual, Tensor(a!)? running_mean, "
+      "Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked, float momentum, float eps, "
+      "int[2] stride, int[2] padding, int[2] dilation, int groups) -> Tensor");
   // Inference after folding BN into (weight, bias): relu(conv(input, weight) + bias).
   // impl: 0 auto (cuDNN fused conv+bias+ReLU where available), 1 conv + epilogue kernel.
   m.def(

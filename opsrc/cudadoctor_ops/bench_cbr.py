@@ -386,6 +386,7 @@ def resnet50_step(steps: int = 20, batch: int = 64, timed: int = 10, rounds: int
         "batch": batch,
         "step_ms": step_ms,
         "fused_chains": fused.__dict__.get("_cbr_fused", 0),
+        "fused_tails": fused.__dict__.get("_cbr_fused_tails", 0),
         "images_per_s_eager": med_e,
         "images_per_s_fused": med_f,
         "images_per_s_eager_range": range_e,
@@ -486,7 +487,8 @@ def _fmt_resnet(resnet: dict) -> str:
         f"ResNet-50 bs{resnet.get('batch', 64)} bf16 channels_last train step: {resnet['images_per_s_fused']:.0f} "
         f"img/s fused ({_fmt_range(resnet.get('images_per_s_fused_range'))}) vs {resnet['images_per_s_eager']:.0f} "
         f"({_fmt_range(resnet.get('images_per_s_eager_range'))}) eager, {resnet['speedup']:.2f}x median of "
-        f"{resnet.get('rounds', '?')} interleaved rounds (target >= 1.1x); {resnet['fused_chains']} chains fused; "
+        f"{resnet.get('rounds', '?')} interleaved rounds (target >= 1.1x); {resnet['fused_chains']} chains"
+        f"{' + ' + str(resnet['fused_tails']) + ' block tails' if resnet.get('fused_tails') else ''} fused; "
         f"loss max rel diff over {len(resnet['losses_eager'])} steps {resnet['max_rel_loss_diff']:.2e}"
         + _fmt_step_ms(resnet)
     )

@@ -11,7 +11,8 @@ Public API:
   ``nn.Sequential(OrderedDict(conv=..., bn=...))``.
 * :func:`fuse_conv_bn_relu` -- rewrites an existing model in place: Conv2d -> BatchNorm2d -> ReLU
   chains inside ``nn.Sequential`` and the torchvision ResNet stem / BasicBlock / Bottleneck run
-  through the fused op, with the model's ``state_dict`` keys and values unchanged.
+  through the fused op (the blocks' tails, Conv2d -> BatchNorm2d -> + identity -> ReLU, through
+  its residual form), with the model's ``state_dict`` keys and values unchanged.
 
 Training: the convolution runs through ATen (cuDNN), for depthwise weights the depthwise op, or for
 float32 NCHW 3x3 convolutions on 56x56 images and larger the direct TF32 kernel (where torch lets
@@ -123,6 +124,17 @@ def _train_fake(input, conv_weight, conv_bias, bn_weight, bn_bias, eps, stride, 
     save_invstd = input.new_empty((c,), dtype=acc)
     mask = input.new_empty((_mask_bytes(conv_out.numel()),), dtype=torch.uint8)
     return torch.empty_like(conv_out), conv_out, save_mean, save_invstd, mask
+
+
+@torch.library.register_fake("cudadoctor_ops::conv_bn_add_relu_train")
+def _train_add_fake(input, conv_weight, conv_bias, bn_weight, bn_bias, residual, eps, stride, padding, dilation,
+                    groups):
+    return _train_fake(input, conv_weight, conv_bias, bn_weight, bn_bias, eps, stride, padding, dilation, groups)
+
+
+@torch.library.register_fake("cudadoctor_ops::relu_mask_grad")
+def _relu_mask_grad_fake(grad_out, conv_out, mask):
+    return torch.empty_like(conv_out, memory_format=_kernel_format(conv_out))
 
 
 @torch.library.register_fake("cudadoctor_ops::conv_bn_relu_backward")
@@ -290,10 +302,29 @@ def _check_tensors(input, conv_weight, conv_bias, bn_weight, bn_bias, running_me
 
 
 def _reference(input, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, training,
-               momentum, eps, stride, padding, dilation, groups) -> Tensor:
+               momentum, eps, stride, padding, dilation, groups, residual=None) -> Tensor:
     y = F.conv2d(input, conv_weight, conv_bias, stride, padding, dilation, groups)
     y = F.batch_norm(y, running_mean, running_var, bn_weight, bn_bias, training, momentum, eps)
+    if residual is not None:
+        y = y + residual
     return F.relu(y)
+
+
+def _check_residual(input, conv_weight, residual, stride, padding, dilation) -> None:
+    op = "conv_bn_relu"
+    if not isinstance(residual, Tensor):
+        raise ValueError(f"{op}: residual must be a tensor or None, got {type(residual).__name__}")
+    n, _, h, w = input.shape
+    kh, kw = conv_weight.shape[2], conv_weight.shape[3]
+    ho = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    wo = (w + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    want = (n, conv_weight.shape[0], ho, wo)
+    if tuple(residual.shape) != want:
+        raise ValueError(f"{op}: residual must have the convolution output's shape {list(want)}, got "
+                         f"{list(residual.shape)}")
+    if residual.device != input.device or residual.dtype != input.dtype:
+        raise ValueError(f"{op}: residual ({residual.dtype} on {residual.device}) must have the input's dtype and "
+                         f"device ({input.dtype} on {input.device})")
 
 
 def fold_bn(conv_weight: Tensor, conv_bias: Optional[Tensor], bn_weight: Optional[Tensor],
@@ -335,9 +366,10 @@ def conv_bn_relu(
     dilation: int | Sequence[int] = 1,
     groups: int = 1,
     eval_impl: str = "auto",
+    residual: Optional[Tensor] = None,
 ) -> Tensor:
     """``relu(batch_norm(conv2d(input, conv_weight, conv_bias, stride, padding, dilation, groups),
-    running_mean, running_var, bn_weight, bn_bias, training, momentum, eps))``.
+    running_mean, running_var, bn_weight, bn_bias, training, momentum, eps) [+ residual])``.
 
     input: (N, C_in, H, W) CUDA tensor, float32 / float16 / bfloat16 (float64 too), contiguous or
     channels_last. conv_weight / conv_bias have the input's dtype; bn_weight, bn_bias and the
@@ -345,16 +377,29 @@ def conv_bn_relu(
     statistics and updates running_mean / running_var in place; training=False uses them (BN
     folded into the convolution; eval_impl "cudnn" (= "auto" here), "epilogue" or "tf32"). CPU
     tensors run the torch ops.
+
+    residual (the tail of a ResNet block, ``relu(bn(conv(x)) + identity)``): a tensor of the
+    convolution output's shape, dtype and device added after the BatchNorm, before the ReLU. In
+    training one fused op (statistics, then one pass writing the output and its 1-bit mask; the
+    backward sends grad * mask to the residual); in eval the folded convolution, then the sum and
+    the ReLU.
     """
     _check_args(input, conv_weight, bn_weight, running_mean, running_var, training, momentum, eps, groups)
     stride_, padding_, dilation_ = _pair(stride, "stride"), _pair(padding, "padding"), _pair(dilation, "dilation")
     _check_tensors(input, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride_, padding_,
                    dilation_, groups, training)
+    if residual is not None:
+        _check_residual(input, conv_weight, residual, stride_, padding_, dilation_)
     if input.device.type not in _DEVICES:
         return _reference(input, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, training,
-                          momentum, eps, stride_, padding_, dilation_, groups)
+                          momentum, eps, stride_, padding_, dilation_, groups, residual)
     if eval_impl not in EVAL_IMPLS:
         raise ValueError(f"conv_bn_relu: eval_impl must be one of {sorted(EVAL_IMPLS)}, got {eval_impl!r}")
+    if training and residual is not None:
+        return _ops.conv_bn_add_relu_forward(
+            input, conv_weight, conv_bias, bn_weight, bn_bias, residual, running_mean, running_var, None,
+            float(momentum), float(eps), stride_, padding_, dilation_, groups,
+        )
     if training:
         out = _cudnn_stats_train(input, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, None,
                                  momentum, eps, stride_, padding_, dilation_, groups)
@@ -367,6 +412,8 @@ def conv_bn_relu(
     w, b = fold_bn(conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, float(eps))
     if input.is_contiguous(memory_format=torch.channels_last) and not input.is_contiguous():
         w = w.contiguous(memory_format=torch.channels_last)
+    if residual is not None:
+        return F.relu(F.conv2d(input, w, b, stride_, padding_, dilation_, groups) + residual)
     return _ops.conv_bias_relu(input, w, b, stride_, padding_, dilation_, groups, EVAL_IMPLS[eval_impl])
 
 
@@ -466,6 +513,18 @@ def tuned_eval_choices() -> dict:
     return {str(k[:5]): v for k, v in _TUNED.items()}
 
 
+def _padded(conv: nn.Conv2d, input: Tensor) -> tuple[Tensor, object]:
+    """(input, padding) for the convolution op: a string padding made explicit; a padding mode
+    other than zeros applied to the input (then padding 0)."""
+    padding = conv.padding
+    if isinstance(padding, str):
+        padding = conv.__dict__.get("_cbr_padding") or _explicit_padding(conv)
+    if conv.padding_mode != "zeros":
+        input = F.pad(input, conv._reversed_padding_repeated_twice, mode=conv.padding_mode)
+        padding = (0, 0)
+    return input, padding
+
+
 def _cbr_forward(conv: nn.Conv2d, bn: nn.BatchNorm2d, cache: _FoldCache, input: Tensor, eval_impl: str) -> Tensor:
     """Forward of conv -> bn -> relu with the modules' semantics (train/eval, momentum=None).
 
@@ -478,12 +537,7 @@ def _cbr_forward(conv: nn.Conv2d, bn: nn.BatchNorm2d, cache: _FoldCache, input: 
     rm, rv = bb.get("running_mean"), bb.get("running_var")
     training = bn.training
     use_batch_stats = training or (rm is None and rv is None)
-    padding = conv.padding
-    if isinstance(padding, str):
-        padding = conv.__dict__.get("_cbr_padding") or _explicit_padding(conv)
-    if conv.padding_mode != "zeros":
-        input = F.pad(input, conv._reversed_padding_repeated_twice, mode=conv.padding_mode)
-        padding = (0, 0)
+    input, padding = _padded(conv, input)
     if input.device.type not in _DEVICES:
         momentum = bn.momentum
         if training and bn.track_running_stats and bb.get("num_batches_tracked") is not None:
@@ -554,6 +608,34 @@ def _cbr_forward(conv: nn.Conv2d, bn: nn.BatchNorm2d, cache: _FoldCache, input: 
 
 _forward_op = _ops.conv_bn_relu_forward.default
 _eval_op = _ops.conv_bias_relu.default
+_forward_add_op = _ops.conv_bn_add_relu_forward.default
+
+
+def _cbr_add_forward(conv: nn.Conv2d, bn: nn.BatchNorm2d, input: Tensor, residual: Tensor) -> Tensor:
+    """relu(bn(conv(input)) + residual) with the modules' semantics: in training mode (and on a
+    device with kernels) the fused op conv_bn_add_relu_forward; else conv, the BatchNorm2d's own
+    forward, the sum and the ReLU as separate torch ops (inference, other devices)."""
+    if not bn.training or input.device.type not in _DEVICES:
+        y = nn.BatchNorm2d.forward(bn, nn.Conv2d.forward(conv, input))
+        return F.relu(y + residual)
+    cp, bp, bb = conv._parameters, bn._parameters, bn._buffers
+    weight, bias = cp["weight"], cp.get("bias")
+    gamma, beta = bp.get("weight"), bp.get("bias")
+    input, padding = _padded(conv, input)
+    if torch.is_autocast_enabled(input.device.type):
+        ac = torch.get_autocast_dtype(input.device.type)
+        input, weight = input.to(ac), weight.to(ac)
+        bias = None if bias is None else bias.to(ac)
+    if residual.dtype != input.dtype:
+        residual = residual.to(input.dtype)
+    if bn.track_running_stats:
+        rm, rv, nbt = bb.get("running_mean"), bb.get("running_var"), bb.get("num_batches_tracked")
+        momentum = -1.0 if bn.momentum is None else float(bn.momentum)
+    else:
+        rm = rv = nbt = None
+        momentum = 0.0
+    return _forward_add_op(input, weight, bias, gamma, beta, residual, rm, rv, nbt, momentum, bn.eps, conv.stride,
+                           padding, conv.dilation, conv.groups)
 
 
 def _explicit_padding(conv: nn.Conv2d) -> tuple[int, int]:
@@ -638,6 +720,17 @@ class _FusedConv2d(nn.Conv2d):
         return _cbr_forward(self, self._cbr_bn, self._cbr_cache, input, self._cbr_eval_impl)
 
 
+class _FusedConvAdd2d(nn.Conv2d):
+    """An nn.Conv2d whose forward(input, residual) runs conv -> (its BatchNorm) -> + residual ->
+    ReLU fused: the tail of a ResNet block. Its BatchNorm stays registered where it was (a
+    pass-through); called without a residual it is that conv followed by that BatchNorm."""
+
+    def forward(self, input: Tensor, residual: Optional[Tensor] = None) -> Tensor:  # type: ignore[override]
+        if residual is None:
+            return nn.BatchNorm2d.forward(self._cbr_bn, nn.Conv2d.forward(self, input))
+        return _cbr_add_forward(self, self._cbr_bn, input, residual)
+
+
 class _AbsorbedBatchNorm2d(nn.BatchNorm2d):
     """A BatchNorm2d whose work is done by the preceding fused conv: forward passes through."""
 
@@ -675,6 +768,12 @@ def _absorb(conv: nn.Conv2d, bn: nn.BatchNorm2d, eval_impl: str) -> None:
     conv.__dict__["_cbr_bn"] = bn
     conv.__dict__["_cbr_cache"] = _FoldCache()
     conv.__dict__["_cbr_eval_impl"] = eval_impl
+
+
+def _absorb_tail(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> None:
+    conv.__class__ = _FusedConvAdd2d
+    bn.__class__ = _AbsorbedBatchNorm2d
+    conv.__dict__["_cbr_bn"] = bn
 
 
 def _torchvision_kind(module: nn.Module) -> Optional[str]:
@@ -718,6 +817,19 @@ def _bottleneck_forward(self, x: Tensor) -> Tensor:
     return self.relu(out)
 
 
+def _basic_block_forward_tail(self, x: Tensor) -> Tensor:
+    identity = x if self.downsample is None else self.downsample(x)
+    out = self.conv1(x)  # conv1 + bn1 + relu fused
+    return self.conv2(out, identity)  # conv2 + bn2 + identity + relu fused
+
+
+def _bottleneck_forward_tail(self, x: Tensor) -> Tensor:
+    identity = x if self.downsample is None else self.downsample(x)
+    out = self.conv1(x)  # conv1 + bn1 + relu fused
+    out = self.conv2(out)  # conv2 + bn2 + relu fused
+    return self.conv3(out, identity)  # conv3 + bn3 + identity + relu fused
+
+
 def _resnet_forward_impl(self, x: Tensor) -> Tensor:
     x = self.conv1(x)  # conv1 + bn1 + relu fused
     x = self.maxpool(x)
@@ -730,23 +842,31 @@ def _resnet_forward_impl(self, x: Tensor) -> Tensor:
     return self.fc(x)
 
 
-def _fuse_torchvision(module: nn.Module, kind: str, eval_impl: str) -> int:
+def _fuse_torchvision(module: nn.Module, kind: str, eval_impl: str, residual: bool) -> tuple[int, int]:
+    """(Conv -> BN -> ReLU chains, Conv -> BN -> + identity -> ReLU tails) fused in the block."""
     pairs = [("conv1", "bn1")]
     if kind == "Bottleneck":
         pairs.append(("conv2", "bn2"))
     fused = 0
     if not all(_fusable(getattr(module, c, None), getattr(module, b, None), module.relu) for c, b in pairs):
-        return 0
+        return 0, 0
+    tail = {"BasicBlock": ("conv2", "bn2"), "Bottleneck": ("conv3", "bn3")}.get(kind)
+    with_tail = (
+        residual and tail is not None
+        and _fusable(getattr(module, tail[0], None), getattr(module, tail[1], None), module.relu)
+    )
     for c, b in pairs:
         _absorb(getattr(module, c), getattr(module, b), eval_impl)
         fused += 1
+    if with_tail:
+        _absorb_tail(getattr(module, tail[0]), getattr(module, tail[1]))
     if kind == "BasicBlock":
-        module.forward = types.MethodType(_basic_block_forward, module)
+        module.forward = types.MethodType(_basic_block_forward_tail if with_tail else _basic_block_forward, module)
     elif kind == "Bottleneck":
-        module.forward = types.MethodType(_bottleneck_forward, module)
+        module.forward = types.MethodType(_bottleneck_forward_tail if with_tail else _bottleneck_forward, module)
     else:
         module._forward_impl = types.MethodType(_resnet_forward_impl, module)
-    return fused
+    return fused, int(with_tail)
 
 
 def _fuse_sequential(seq: nn.Sequential, eval_impl: str) -> int:
@@ -766,7 +886,7 @@ def _fuse_sequential(seq: nn.Sequential, eval_impl: str) -> int:
     return fused
 
 
-def fuse_conv_bn_relu(model: nn.Module, eval_impl: str = "auto") -> nn.Module:
+def fuse_conv_bn_relu(model: nn.Module, eval_impl: str = "auto", residual: bool = True) -> nn.Module:
     """Swaps Conv2d -> BatchNorm2d -> ReLU chains of ``model`` for the fused op, in place.
 
     Rewritten: three consecutive ``nn.Conv2d``, ``nn.BatchNorm2d``, ``nn.ReLU`` children of an
@@ -776,20 +896,27 @@ def fuse_conv_bn_relu(model: nn.Module, eval_impl: str = "auto") -> nn.Module:
     Conv2d, the BatchNorm2d a pass-through that keeps its parameters and buffers, the ReLU slot of
     a Sequential an ``nn.Identity``: ``state_dict()`` keys and values are unchanged, and so are
     the outputs in train and eval mode. Returns ``model``; ``model._cbr_fused`` counts the chains.
+
+    residual (default True): also the tail of each torchvision BasicBlock / Bottleneck, its last
+    conv -> bn -> (+ identity) -> relu, as one fused op in training (``conv_bn_relu(...,
+    residual=identity)``); ``model._cbr_fused_tails`` counts them. False leaves the tails as they are.
     """
     if not isinstance(model, nn.Module):
         raise ValueError(f"fuse_conv_bn_relu: expected an nn.Module, got {type(model).__name__}")
     if eval_impl not in EVAL_IMPLS:
         raise ValueError(f"fuse_conv_bn_relu: eval_impl must be one of {sorted(EVAL_IMPLS)}, got {eval_impl!r}")
-    fused = 0
+    fused = tails = 0
     for module in list(model.modules()):
         if isinstance(module, nn.Sequential):
             fused += _fuse_sequential(module, eval_impl)
             continue
         kind = _torchvision_kind(module)
         if kind is not None:
-            fused += _fuse_torchvision(module, kind, eval_impl)
+            f, t = _fuse_torchvision(module, kind, eval_impl, bool(residual))
+            fused += f
+            tails += t
     model.__dict__["_cbr_fused"] = model.__dict__.get("_cbr_fused", 0) + fused
+    model.__dict__["_cbr_fused_tails"] = model.__dict__.get("_cbr_fused_tails", 0) + tails
     return model
 
 
@@ -815,6 +942,10 @@ def sanitize_exercise(quick: bool = False, device: str = "cuda") -> int:
                 rv = torch.ones(co, device=device, dtype=pdt)
                 xg = x.detach().requires_grad_(True)
                 y = conv_bn_relu(xg, cw, None, gw, gb, rm, rv, True, 0.1, 1e-5, 1, 1, 1, g)
+                y.backward(torch.randn_like(y))
+                calls += 1
+                r = torch.randn_like(y).requires_grad_(True)
+                y = conv_bn_relu(xg, cw, None, gw, gb, rm, rv, True, 0.1, 1e-5, 1, 1, 1, g, residual=r)
                 y.backward(torch.randn_like(y))
                 calls += 1
                 for impl in EVAL_IMPLS:

@@ -115,6 +115,8 @@ def test_resnet_line_with_batch_and_step_times(bc):
     assert "one step, host / GPU ms: eager 25.7 / 29.4, fused 22.7 / 25.8 (eager GPU-bound; GPU time 1.14x)" in line
     r["step_ms"]["eager"]["host_ms"] = 30.0
     assert "(eager host-bound;" in bc._fmt_resnet(r)
+    r["fused_tails"] = 16
+    assert "16 chains + 16 block tails fused;" in bc._fmt_resnet(r)
     # without step times (older results): the line ends with the loss check
     assert bc._fmt_resnet(_resnet()).endswith("steps 1.00e-03")
     assert "bs64" in bc._fmt_resnet(_resnet())

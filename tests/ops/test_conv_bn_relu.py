@@ -60,6 +60,7 @@ from cudadoctor_ops.conv_bn_relu import (  # noqa: E402
     ConvBNReLU2d,
     _AbsorbedBatchNorm2d,
     _FusedConv2d,
+    _FusedConvAdd2d,
     conv_bn_relu,
     fuse_conv_bn_relu,
 )
@@ -192,6 +193,132 @@ def _check_training_against_torch(case, dtype, layout, device):
         scale = conv_r.weight.grad.abs().max().item()
         assert conv.bias.grad.abs().max().item() <= 1e-2 * scale
         assert conv_r.bias.grad.abs().max().item() <= 1e-2 * scale
+
+
+# ---------------------------------------------------------------- residual (Conv -> BN -> + r -> ReLU)
+
+# the first three CASES: 3x3, odd sizes with stride 2 and a conv bias, 1x1 with HW = 49; and
+# channel counts with no vector width
+RESIDUAL_CASES = CASES[:3] + CASES[-1:]
+
+
+def _residual_for(out_like: torch.Tensor, seed: int = 7) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    r = torch.randn(out_like.shape, generator=gen).to(device=out_like.device, dtype=out_like.dtype)
+    if out_like.is_contiguous(memory_format=torch.channels_last) and not out_like.is_contiguous():
+        r = r.contiguous(memory_format=torch.channels_last)
+    return r
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", RESIDUAL_CASES, ids=_case_id)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_residual_training_matches_torch(case, dtype, layout, device):
+    """conv_bn_relu(..., residual=r) in training against Conv2d -> BatchNorm2d -> + r -> ReLU in
+    torch: output (dtype and layout), running statistics and the gradients of the input, the conv
+    weight, the BN weight / bias and the residual."""
+    _skip_cpu_dtype(device, dtype)
+    x, conv, bn = _make(case, dtype, layout, device)
+    conv_r, bn_r = copy.deepcopy(conv), copy.deepcopy(bn)
+    xr = x.detach().clone().requires_grad_(True)
+    xo = x.detach().clone().requires_grad_(True)
+    z = bn_r(conv_r(xr))
+    r = _residual_for(z.detach())
+    rr, ro = r.clone().requires_grad_(True), r.clone().requires_grad_(True)
+    ref = F.relu(z + rr)
+    n, ci, h, w, co, k, st, pad, dil, g, has_bias = case
+    out = conv_bn_relu(xo, conv.weight, conv.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var, True,
+                       bn.momentum, bn.eps, st, pad, dil, g, residual=ro)
+    tol = TOL[dtype]
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    assert _rel_err(out, ref) <= tol, "output"
+    stat_tol = 1e-5 if dtype == torch.float32 else 1e-3
+    assert _rel_err(bn.running_mean, bn_r.running_mean) <= stat_tol
+    assert _rel_err(bn.running_var, bn_r.running_var) <= stat_tol
+    gy = torch.randn_like(ref)
+    ref.backward(gy)
+    out.backward(gy)
+    assert _rel_err(ro.grad, rr.grad) <= 4 * tol, "grad residual"
+    assert _rel_err(xo.grad, xr.grad) <= 4 * tol, "grad input"
+    assert _rel_err(conv.weight.grad, conv_r.weight.grad) <= 4 * tol, "grad conv weight"
+    assert _rel_err(bn.weight.grad, bn_r.weight.grad) <= 4 * tol, "grad bn weight"
+    assert _rel_err(bn.bias.grad, bn_r.bias.grad) <= 4 * tol, "grad bn bias"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_residual_mask_and_gradient_ops(device):
+    """conv_bn_add_relu_train's mask is one bit per element of out > 0 (memory order), out is
+    relu(bn(conv_out) + residual); relu_mask_grad passes grad_out where the bit is set."""
+    dtype = torch.float16 if device == "cuda" else torch.float32
+    x, conv, bn = _make(CASES[0], dtype, "channels_last", device)
+    probe = F.conv2d(x, conv.weight, None, 1, 1)
+    r = _residual_for(probe)
+    out, conv_out, mean, invstd, mask = ops.conv_bn_add_relu_train(
+        x, conv.weight, None, bn.weight, bn.bias, r, 1e-5, [1, 1], [1, 1], [1, 1], 1)
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    assert mask.dtype == torch.uint8 and mask.numel() == (out.numel() + 7) // 8
+    bits = torch.bitwise_and(mask.to(torch.int32).unsqueeze(1) >> torch.arange(8, device=device), 1)
+    flat = out.permute(0, 2, 3, 1).reshape(-1)
+    assert torch.equal(bits.reshape(-1)[: out.numel()].bool(), flat > 0)
+    c64 = conv_out.double()
+    bn_out = F.batch_norm(c64, None, None, bn.weight.double(), bn.bias.double(), True, 0.0, 1e-5)
+    assert _rel_err(out, F.relu(bn_out.to(dtype).double() + r.double())) <= TOL[dtype]
+    gy = torch.randn_like(out)
+    gr = ops.relu_mask_grad(gy, conv_out, mask)
+    assert gr.dtype == gy.dtype and gr.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(gr, torch.where(out > 0, gy, torch.zeros_like(gy)))
+    # grad_out in the other layout: read in conv_out's memory order all the same
+    assert torch.equal(ops.relu_mask_grad(gy.contiguous(), conv_out, mask), gr)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_residual_bad_arguments(device):
+    x, conv, bn = _make(CASES[0], torch.float32, "nchw", device)
+    good = torch.zeros(4, 32, 14, 14, device=device)
+    cases = [
+        (torch.zeros(4, 32, 14, 13, device=device), "shape"),
+        (good.double(), "dtype"),
+        ("r", "tensor"),
+    ]
+    for r, what in cases:
+        with pytest.raises(ValueError, match="residual"):
+            conv_bn_relu(x, conv.weight, None, bn.weight, bn.bias, None, None, True, 0.1, 1e-5, 1, 1, 1, 1,
+                         residual=r)
+    with pytest.raises(RuntimeError, match="residual"):
+        ops.conv_bn_add_relu_train(x, conv.weight, None, bn.weight, bn.bias, good[:, :16], 1e-5, [1, 1], [1, 1],
+                                   [1, 1], 1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_residual_gradcheck_and_opcheck(device, deterministic_cudnn):
+    case = (2, 4, 6, 5, 6, 3, 1, 1, 1, 1, True)
+    x, conv, bn = _make(case, torch.float64, "nchw", device)
+    r0 = _residual_for(F.conv2d(x, conv.weight, None, 1, 1))
+    args = [t.detach().clone().requires_grad_(True) for t in (x, conv.weight, conv.bias, bn.weight, bn.bias, r0)]
+
+    def train(x, w, b, g, beta, r):
+        return conv_bn_relu(x, w, b, g, beta, None, None, True, 0.1, 1e-5, 1, 1, 1, 1, residual=r)
+
+    assert torch.autograd.gradcheck(train, args, eps=1e-6, atol=1e-5, rtol=1e-4)
+    rm, rv = bn.running_mean.detach(), bn.running_var.detach()
+
+    def evaluate(x, w, b, g, beta, r):
+        return conv_bn_relu(x, w, b, g, beta, rm, rv, False, 0.1, 1e-5, 1, 1, 1, 1, residual=r)
+
+    assert torch.autograd.gradcheck(evaluate, args, eps=1e-6, atol=1e-5, rtol=1e-4)
+    for layout in LAYOUTS:
+        x, conv, bn = _make(CASES[1], torch.float32, layout, device)
+        r = _residual_for(F.conv2d(x, conv.weight, conv.bias, 2, 1))
+        w = conv.weight.detach().requires_grad_(True)
+        b = conv.bias.detach().requires_grad_(True)
+        g, beta = bn.weight.detach().requires_grad_(True), bn.bias.detach().requires_grad_(True)
+        xin, rin = x.detach().requires_grad_(True), r.detach().requires_grad_(True)
+        torch.library.opcheck(ops.conv_bn_add_relu_train,
+                              (xin, w, b, g, beta, rin, 1e-5, [2, 2], [1, 1], [1, 1], 1))
+        out, conv_out, sm, si, mask = ops.conv_bn_add_relu_train(
+            x, w.detach(), b.detach(), g.detach(), beta.detach(), r, 1e-5, [2, 2], [1, 1], [1, 1], 1)
+        torch.library.opcheck(ops.relu_mask_grad, (torch.randn_like(out), conv_out, mask))
 
 
 # ---------------------------------------------------------------- GPU: NHWC kernel sets
@@ -1605,25 +1732,87 @@ def test_fuse_torchvision_blocks_on_cpu(tv_resnet):
         tv_resnet.Bottleneck(8, 4, stride=2, downsample=down),
     )
     ref = copy.deepcopy(model)
+    plain = fuse_conv_bn_relu(copy.deepcopy(model), residual=False)
     keys = list(model.state_dict())
     fuse_conv_bn_relu(model)
     assert model._cbr_fused == 3  # BasicBlock conv1; Bottleneck conv1, conv2
+    assert model._cbr_fused_tails == 2  # BasicBlock conv2 + bn2 (+ identity); Bottleneck conv3 + bn3
     basic, bottle = model[0], model[1]
-    assert type(basic.conv1) is _FusedConv2d and type(basic.conv2) is nn.Conv2d
+    assert type(basic.conv1) is _FusedConv2d and type(basic.conv2) is _FusedConvAdd2d
     assert type(bottle.conv1) is _FusedConv2d and type(bottle.conv2) is _FusedConv2d
-    assert type(bottle.conv3) is nn.Conv2d and type(bottle.bn3) is nn.BatchNorm2d
-    assert type(basic.relu) is nn.ReLU  # shared ReLU stays for the residual add
+    assert type(bottle.conv3) is _FusedConvAdd2d and type(bottle.bn3) is _AbsorbedBatchNorm2d
+    assert type(basic.relu) is nn.ReLU  # the shared ReLU module stays
     assert type(down[0]) is nn.Conv2d  # conv + bn without ReLU: left alone
-    assert list(model.state_dict()) == keys
-    x = torch.randn(2, 8, 8, 8)
-    for _ in range(2):
-        assert torch.allclose(model(x), ref(x), atol=1e-5)
+    # residual=False: the tails as they were
+    assert plain._cbr_fused == 3 and plain._cbr_fused_tails == 0
+    assert type(plain[0].conv2) is nn.Conv2d and type(plain[1].conv3) is nn.Conv2d
+    assert type(plain[1].bn3) is nn.BatchNorm2d
+    assert list(model.state_dict()) == keys == list(plain.state_dict())
+    params = dict(model.named_parameters())
+    for step in range(2):
+        x = torch.randn(2, 8, 8, 8)
+        xo, xr, xp = (x.clone().requires_grad_(True) for _ in range(3))
+        out, want, out_plain = model(xo), ref(xr), plain(xp)
+        assert torch.allclose(out, want, atol=1e-5) and torch.allclose(out_plain, want, atol=1e-5), step
+        gy = torch.randn_like(want)
+        for o in (out, want, out_plain):
+            o.backward(gy)
+        assert torch.allclose(xo.grad, xr.grad, atol=1e-4) and torch.allclose(xp.grad, xr.grad, atol=1e-4), step
+        for name, p_ref in ref.named_parameters():
+            assert torch.allclose(params[name].grad, p_ref.grad, atol=1e-4), (step, name)
+    # a tail conv called on its own is that conv followed by its BatchNorm
+    y = torch.randn(2, 4, 4, 4)
+    bottle.eval()
+    ref[1].eval()
+    with torch.no_grad():
+        assert torch.allclose(bottle.conv3(y), ref[1].bn3(ref[1].conv3(y)), atol=1e-6)
     model.eval()
     ref.eval()
     with torch.no_grad():
+        x = torch.randn(2, 8, 8, 8)
         assert torch.allclose(model(x), ref(x), atol=1e-5)
     for (k, v), (k2, v2) in zip(model.state_dict().items(), ref.state_dict().items()):
         assert k == k2 and torch.allclose(v.float(), v2.float(), atol=1e-6), k
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+def test_fused_torchvision_blocks_train_like_eager(tv_resnet, device, autocast):
+    """Three SGD steps of BasicBlock + Bottleneck (with downsample), fused with their tails,
+    against the same blocks unfused: losses, outputs and running statistics; bf16 autocast with
+    channels_last on the GPU."""
+    if autocast and device != "cuda":
+        pytest.skip("bf16 autocast with channels_last is the GPU's case")
+    torch.manual_seed(4)
+    down = nn.Sequential(nn.Conv2d(16, 32, 1, 2, bias=False), nn.BatchNorm2d(32))
+    ref = nn.Sequential(tv_resnet.BasicBlock(16, 16), tv_resnet.Bottleneck(16, 8, stride=2, downsample=down))
+    ref = ref.to(device)
+    if autocast:
+        ref = ref.to(memory_format=torch.channels_last)
+    model = fuse_conv_bn_relu(copy.deepcopy(ref))
+    assert model._cbr_fused_tails == 2
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (model, ref)]
+    tol = 3e-2 if autocast else 1e-4
+    for step in range(3):
+        x = torch.randn(4, 16, 12, 12, device=device)
+        if autocast:
+            x = x.contiguous(memory_format=torch.channels_last)
+        outs = []
+        for m, opt in zip((model, ref), opts):
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
+                y = m(x)
+                loss = y.float().square().mean()
+            loss.backward()
+            opt.step()
+            outs.append((y.detach().float(), loss.item()))
+        (y_f, l_f), (y_r, l_r) = outs
+        assert abs(l_f - l_r) <= tol * abs(l_r), (step, l_f, l_r)
+        assert _rel_err(y_f, y_r) <= (5e-2 if autocast else tol), step
+    for (k, v), (k2, v2) in zip(model.state_dict().items(), ref.state_dict().items()):
+        assert k == k2
+        if "running" in k:
+            assert _rel_err(v.float(), v2.float()) <= max(tol, 1e-4), k
 
 
 @pytest.mark.parametrize("device", DEVICES)
