@@ -106,12 +106,15 @@ update_op() {
 
 // ---------------------------------------------------------------- autograd
 
-// What the training ops' autograd Functions keep for conv_bn_relu_backward.
-void save_train(AutogradContext* ctx, const Tensor& input, const Tensor& weight,
-                const OptTensor& conv_bias, const OptTensor& bn_weight, const OptTensor& bn_bias,
-                at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
-                int64_t groups, const Tensor& conv_out, const Tensor& save_mean,
-                const Tensor& save_invstd, const Tensor& mask) {
+// What the training ops' autograd Functions keep for conv_bn_relu_backward, from the op's
+// outputs r = (out, conv_out, save_mean, save_invstd, mask); returns them as the Function's
+// outputs.
+variable_list save_train(AutogradContext* ctx, const Tensor& input, const Tensor& weight,
+                         const OptTensor& conv_bias, const OptTensor& bn_weight,
+                         const OptTensor& bn_bias, at::IntArrayRef stride,
+                         at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
+                         const TrainOut& r) {
+  const auto& [out, conv_out, save_mean, save_invstd, mask] = r;
   ctx->save_for_backward({input, weight, conv_out, has(bn_weight) ? *bn_weight : Tensor(),
                           save_mean, save_invstd, mask});
   ctx->saved_data["stride"] = vec(stride);
@@ -125,6 +128,7 @@ void save_train(AutogradContext* ctx, const Tensor& input, const Tensor& weight,
       static_cast<int64_t>(has(bn_bias) ? bn_bias->scalar_type() : at::kFloat);
   ctx->mark_non_differentiable({conv_out, save_mean, save_invstd, mask});
   ctx->set_materialize_grads(false);
+  return {out, conv_out, save_mean, save_invstd, mask};
 }
 
 // Which of (input, conv weight, conv bias, BN weight, BN bias) need a gradient; edge: the index
@@ -175,24 +179,23 @@ struct TrainFn : public torch::autograd::Function<TrainFn> {
                                const OptTensor& running_var,
                                const OptTensor& num_batches_tracked, double momentum,
                                bool update) {
-    Tensor out, conv_out, save_mean, save_invstd, mask;
+    TrainOut r;
     if (update) {
       // the version bumps first: they refuse an inference tensor outside inference mode before
       // anything is written
       for (const OptTensor* t : {&running_mean, &running_var, &num_batches_tracked})
         if (has(*t)) torch::autograd::impl::bump_version(**t);
       at::AutoDispatchBelowADInplaceOrView below;
-      std::tie(out, conv_out, save_mean, save_invstd, mask) = cbr::conv_bn_relu_train_update_cuda(
-          input, weight, conv_bias, bn_weight, bn_bias, eps, stride, padding, dilation, groups,
-          running_mean, running_var, num_batches_tracked, momentum);
+      r = cbr::conv_bn_relu_train_update_cuda(input, weight, conv_bias, bn_weight, bn_bias, eps,
+                                              stride, padding, dilation, groups, running_mean,
+                                              running_var, num_batches_tracked, momentum);
     } else {
       at::AutoDispatchBelowADInplaceOrView below;
-      std::tie(out, conv_out, save_mean, save_invstd, mask) = train_op().call(
-          input, weight, conv_bias, bn_weight, bn_bias, eps, stride, padding, dilation, groups);
+      r = train_op().call(input, weight, conv_bias, bn_weight, bn_bias, eps, stride, padding,
+                          dilation, groups);
     }
-    save_train(ctx, input, weight, conv_bias, bn_weight, bn_bias, stride, padding, dilation,
-               groups, conv_out, save_mean, save_invstd, mask);
-    return {out, conv_out, save_mean, save_invstd, mask};
+    return save_train(ctx, input, weight, conv_bias, bn_weight, bn_bias, stride, padding,
+                      dilation, groups, r);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -215,16 +218,14 @@ struct TrainAddFn : public torch::autograd::Function<TrainAddFn> {
                                const OptTensor& bn_bias, const Tensor& residual, double eps,
                                at::IntArrayRef stride, at::IntArrayRef padding,
                                at::IntArrayRef dilation, int64_t groups) {
-    Tensor out, conv_out, save_mean, save_invstd, mask;
+    TrainOut r;
     {
       at::AutoDispatchBelowADInplaceOrView below;
-      std::tie(out, conv_out, save_mean, save_invstd, mask) =
-          train_add_op().call(input, weight, conv_bias, bn_weight, bn_bias, residual, eps, stride,
+      r = train_add_op().call(input, weight, conv_bias, bn_weight, bn_bias, residual, eps, stride,
                               padding, dilation, groups);
     }
-    save_train(ctx, input, weight, conv_bias, bn_weight, bn_bias, stride, padding, dilation,
-               groups, conv_out, save_mean, save_invstd, mask);
-    return {out, conv_out, save_mean, save_invstd, mask};
+    return save_train(ctx, input, weight, conv_bias, bn_weight, bn_bias, stride, padding,
+                      dilation, groups, r);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
