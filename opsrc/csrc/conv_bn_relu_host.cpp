@@ -131,23 +131,29 @@ variable_list save_train(AutogradContext* ctx, const Tensor& input, const Tensor
   return {out, conv_out, save_mean, save_invstd, mask};
 }
 
-// Which of (input, conv weight, conv bias, BN weight, BN bias) need a gradient; edge: the index
-// of the next tensor input after them (needs_input_grad counts only the tensors given).
-std::array<bool, 5> train_needs(AutogradContext* ctx, size_t& edge) {
-  edge = 0;
+// The training Functions' backward: one entry per forward argument (n_args; tensors or not, only
+// tensor inputs get gradients); conv_bn_relu_backward with the saved mask for input, conv weight
+// / bias and BN weight / bias (forward arguments 0 .. 4), and with `residual` (forward argument
+// 5, conv_bn_add_relu_train) relu_mask_grad for the residual. needs_input_grad counts only the
+// tensor inputs that were given.
+variable_list train_backward(AutogradContext* ctx, const variable_list& grads, size_t n_args,
+                             bool residual) {
+  variable_list result(n_args);
+  const Tensor& grad_out = grads[0];
+  if (!grad_out.defined()) return result;
+  size_t edge = 0;
   const bool n_in = ctx->needs_input_grad(edge++);
   const bool n_w = ctx->needs_input_grad(edge++);
   const bool n_cb = ctx->saved_data["has_cb"].toBool() && ctx->needs_input_grad(edge++);
   const bool n_bw = ctx->saved_data["has_bw"].toBool() && ctx->needs_input_grad(edge++);
   const bool n_bb = ctx->saved_data["has_bb"].toBool() && ctx->needs_input_grad(edge++);
-  return {n_in, n_w, n_cb, n_bw, n_bb};
-}
-
-// conv_bn_relu_backward for the gradients `need` asks for, into result[0 .. 4].
-void train_backward(AutogradContext* ctx, const Tensor& grad_out, const std::array<bool, 5>& need,
-                    variable_list& result) {
-  if (!(need[0] || need[1] || need[2] || need[3] || need[4])) return;
+  const std::array<bool, 5> need = {n_in, n_w, n_cb, n_bw, n_bb};
+  const bool n_res = residual && ctx->needs_input_grad(edge);
+  const bool any = n_in || n_w || n_cb || n_bw || n_bb;
+  if (!(any || n_res)) return result;
   auto saved = ctx->get_saved_variables();
+  if (n_res) result[5] = mask_grad_op().call(grad_out, saved[2], saved[6]);
+  if (!any) return result;
   OptTensor bn_weight;
   if (saved[3].defined()) bn_weight = saved[3];
   auto r = backward_op().call(grad_out, saved[0], saved[1], saved[2], bn_weight, saved[4],
@@ -164,6 +170,7 @@ void train_backward(AutogradContext* ctx, const Tensor& grad_out, const std::arr
     Tensor g = std::get<4>(r);
     result[4] = g.scalar_type() == dt ? g : g.to(dt);
   }
+  return result;
 }
 
 // update (eager CUDA tensors only, see forward_composite): the forward calls the CUDA
@@ -199,13 +206,7 @@ struct TrainFn : public torch::autograd::Function<TrainFn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    // one entry per forward argument (tensors or not); only tensor inputs get gradients
-    variable_list result(15);
-    const Tensor& grad_out = grads[0];
-    if (!grad_out.defined()) return result;
-    size_t edge = 0;
-    train_backward(ctx, grad_out, train_needs(ctx, edge), result);
-    return result;
+    return train_backward(ctx, grads, 15, false);
   }
 };
 
@@ -229,17 +230,7 @@ struct TrainAddFn : public torch::autograd::Function<TrainAddFn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    variable_list result(11);
-    const Tensor& grad_out = grads[0];
-    if (!grad_out.defined()) return result;
-    size_t edge = 0;
-    const std::array<bool, 5> need = train_needs(ctx, edge);
-    if (ctx->needs_input_grad(edge)) {  // the residual
-      auto saved = ctx->get_saved_variables();
-      result[5] = mask_grad_op().call(grad_out, saved[2], saved[6]);
-    }
-    train_backward(ctx, grad_out, need, result);
-    return result;
+    return train_backward(ctx, grads, 11, true);
   }
 };
 

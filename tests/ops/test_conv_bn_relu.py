@@ -273,6 +273,30 @@ def test_residual_mask_and_gradient_ops(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_residual_gradients_asked_for_alone(device):
+    """Only the residual needing a gradient gives grad_out where out > 0 and nothing else; only
+    the input needing one gives the input's gradient of the full op, none for the residual."""
+    x, conv, bn = _make(CASES[0], torch.float32, "nchw", device)
+    w, g, b = (t.detach() for t in (conv.weight, bn.weight, bn.bias))
+    r = _residual_for(F.conv2d(x, w, None, 1, 1)).detach()
+
+    def run(xi, ri):
+        return conv_bn_relu(xi, w, None, g, b, None, None, True, 0.1, 1e-5, 1, 1, 1, 1, residual=ri)
+
+    rr = r.clone().requires_grad_(True)
+    out = run(x.detach(), rr)
+    gy = torch.randn_like(out)
+    out.backward(gy)
+    assert torch.equal(rr.grad, torch.where(out > 0, gy, torch.zeros_like(gy)))
+    xr = x.detach().clone().requires_grad_(True)
+    out2 = run(xr, r)
+    (gx,) = torch.autograd.grad(out2, xr, gy)
+    xa, ra = x.detach().clone().requires_grad_(True), r.clone().requires_grad_(True)
+    gx_all, gr_all = torch.autograd.grad(run(xa, ra), (xa, ra), gy)
+    assert torch.equal(gx, gx_all) and torch.equal(gr_all, rr.grad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_residual_bad_arguments(device):
     x, conv, bn = _make(CASES[0], torch.float32, "nchw", device)
     good = torch.zeros(4, 32, 14, 14, device=device)
