@@ -331,6 +331,20 @@ bool eager_fast_path(const Tensor& input, const Tensor& weight, const OptTensor&
   return true;
 }
 
+// The running statistics and num_batches_tracked after a training op r = (out, conv_out,
+// save_mean, save_invstd, mask), in one small kernel (conv_bn_relu_update_stats); the statistics
+// only where both are given.
+void update_running(const TrainOut& r, const OptTensor& running_mean, const OptTensor& running_var,
+                    const OptTensor& num_batches_tracked, double momentum, double eps) {
+  const bool stats = has(running_mean) && has(running_var);
+  if (!(stats || has(num_batches_tracked))) return;
+  const Tensor& conv_out = std::get<1>(r);
+  // an empty batch still counts as a step (num_batches_tracked), like BatchNorm2d
+  const int64_t count = conv_out.numel() > 0 ? conv_out.numel() / conv_out.size(1) : 0;
+  update_op().call(stats ? running_mean : OptTensor(), stats ? running_var : OptTensor(),
+                   num_batches_tracked, std::get<2>(r), std::get<3>(r), momentum, eps, count);
+}
+
 // One training forward of a Conv2d -> BatchNorm2d -> ReLU module: the fused op, then the running
 // statistics (and num_batches_tracked) in one small kernel; in an eager call on CUDA tensors the
 // statistics go with the fused op instead (TrainFn's update: in its launch where it can).
@@ -351,13 +365,7 @@ Tensor forward_composite(const Tensor& input, const Tensor& weight, const OptTen
   }
   auto r = train_op().call(input, weight, conv_bias, bn_weight, bn_bias, eps, stride, padding,
                            dilation, groups);
-  const Tensor& conv_out = std::get<1>(r);
-  if (stats || has(num_batches_tracked)) {
-    // an empty batch still counts as a step (num_batches_tracked), like BatchNorm2d
-    const int64_t count = conv_out.numel() > 0 ? conv_out.numel() / conv_out.size(1) : 0;
-    update_op().call(stats ? running_mean : OptTensor(), stats ? running_var : OptTensor(),
-                     num_batches_tracked, std::get<2>(r), std::get<3>(r), momentum, eps, count);
-  }
+  update_running(r, running_mean, running_var, num_batches_tracked, momentum, eps);
   return std::get<0>(r);
 }
 
@@ -369,15 +377,9 @@ Tensor forward_add_composite(const Tensor& input, const Tensor& weight, const Op
                              const OptTensor& running_var, const OptTensor& num_batches_tracked,
                              double momentum, double eps, at::IntArrayRef stride,
                              at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups) {
-  const bool stats = has(running_mean) && has(running_var);
   auto r = train_add_op().call(input, weight, conv_bias, bn_weight, bn_bias, residual, eps, stride,
                                padding, dilation, groups);
-  const Tensor& conv_out = std::get<1>(r);
-  if (stats || has(num_batches_tracked)) {
-    const int64_t count = conv_out.numel() > 0 ? conv_out.numel() / conv_out.size(1) : 0;
-    update_op().call(stats ? running_mean : OptTensor(), stats ? running_var : OptTensor(),
-                     num_batches_tracked, std::get<2>(r), std::get<3>(r), momentum, eps, count);
-  }
+  update_running(r, running_mean, running_var, num_batches_tracked, momentum, eps);
   return std::get<0>(r);
 }
 
