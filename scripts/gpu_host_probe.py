@@ -1,6 +1,7 @@
 """Host time against GPU time of one call: Conv+BN+ReLU blocks (fused and eager) and a ResNet-50 step.
 
-    python scripts/gpu_host_probe.py [blocks] [resnet] [profile] [torchprof] [kernels] [bs=N ...]
+    python scripts/gpu_host_probe.py [blocks] [resnet] [profile] [torchprof] [kernels] [streams]
+                                     [resgrad] [bs=N ...]
 
 Each call is issued while the GPU is held by a sleep kernel, so nothing the call queues can block
 the host: "host ms" is the wall time of the Python call (launches, dispatch, allocation), "gpu ms"
@@ -9,7 +10,9 @@ host time exceeds its GPU time is host-bound in an eager loop; a host time near 
 the call synchronised. `profile` prints cProfile's top entries for the fused calls; `torchprof`
 torch.profiler's self CPU time per op (and CUDA runtime call) over three ResNet-50 steps;
 `kernels` the GPU time per kernel over two steps of the fused model with and without the block
-tails fused. bs=N (repeatable) sets the ResNet-50 batch sizes (default 64 and 128; `kernels` takes
+tails fused. `streams` / `resgrad` add to `resnet` a fused model whose steps run with the
+convolution's backward on two streams / the residual's gradient in its own pass (instead of the
+model without fused tails). bs=N (repeatable) sets the ResNet-50 batch sizes (default 64 and 128; `kernels` takes
 the first, default 128).
 """
 
@@ -88,7 +91,34 @@ def sgd_step(model, x, y):
     return lambda: step(0)
 
 
-def resnet(batches=(64, 128), do_profile: bool = False) -> None:
+# `variants`: (name, {VAR: value}) models of the fused kind whose steps run with those switches
+# set (switches read at every call), beside eager and the default fused model
+VARIANTS = {
+    "streams": ("fused, two-stream conv backward", {"CUDADOCTOR_OPS_CBR_BWD_STREAMS": "1"}),
+    "resgrad": ("fused, separate residual gradient", {"CUDADOCTOR_OPS_CBR_RES_GRAD_FUSED": "0"}),
+}
+
+
+def with_env(env: dict, fn):
+    """fn with the environment variables of env set around each call."""
+    import os
+
+    def run():
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            return fn()
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    del os.environ[k]
+                else:
+                    os.environ[k] = v
+
+    return run
+
+
+def resnet(batches=(64, 128), do_profile: bool = False, variants=()) -> None:
     import torchvision
 
     from cudadoctor_ops.conv_bn_relu import fuse_conv_bn_relu
@@ -96,12 +126,21 @@ def resnet(batches=(64, 128), do_profile: bool = False) -> None:
     for batch in batches:
         torch.manual_seed(0)
         base = torchvision.models.resnet50().cuda().to(memory_format=torch.channels_last)
-        models = {"eager": copy.deepcopy(base), "fused": fuse_conv_bn_relu(copy.deepcopy(base)),
-                  "fused, no tails": fuse_conv_bn_relu(copy.deepcopy(base), residual=False)}
+        models = {"eager": copy.deepcopy(base), "fused": fuse_conv_bn_relu(copy.deepcopy(base))}
+        if not variants:
+            models["fused, no tails"] = fuse_conv_bn_relu(copy.deepcopy(base), residual=False)
+        for name, _ in variants:
+            models[name] = fuse_conv_bn_relu(copy.deepcopy(base))
         del base
         x = torch.randn(batch, 3, 224, 224, device="cuda").contiguous(memory_format=torch.channels_last)
         y = torch.randint(0, 1000, (batch,), device="cuda")
-        steps = {name: sgd_step(model, x, y) for name, model in models.items()}
+        steps = {}
+        for name, model in models.items():
+            env = dict(variants).get(name)
+            if env:  # the warm-up steps with the switches too
+                steps[name] = with_env(env, with_env(env, lambda m=model: sgd_step(m, x, y))())
+            else:
+                steps[name] = sgd_step(model, x, y)
         torch.cuda.synchronize()
         loop = {}
         names = list(models)
@@ -196,7 +235,8 @@ def main(argv) -> int:
     if "blocks" in parts:
         blocks("profile" in parts)
     if "resnet" in parts:
-        resnet(tuple(bs) or (64, 128), do_profile="profile" in parts)
+        resnet(tuple(bs) or (64, 128), do_profile="profile" in parts,
+               variants=[VARIANTS[p] for p in sorted(parts & set(VARIANTS))])
     if "kernels" in parts:
         kernels(bs[0] if bs else 128)
     if "torchprof" in parts:

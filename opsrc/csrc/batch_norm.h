@@ -53,11 +53,15 @@ bool batch_norm_relu_mask_train(const at::Tensor& x, const at::Tensor& out, cons
 // returned by the forward), save_mean / save_invstd the forward's statistics, weight the BN weight
 // (or undefined); writes dx (x's layout; may be undefined) and grad_weight / grad_bias (may be
 // undefined). Returns false, having written nothing, when it does not apply (dtype, layout, mask).
+// dres (optional; x's sizes, dtype and layout): where the kernels that run can, they also write
+// the gradient of Conv+BN+Add+ReLU's residual into it (grad_out where the mask is set, else 0),
+// and *dres_written (when given) says whether they did; otherwise the caller computes it.
 bool relu_mask_backward_cuda(const at::Tensor& x, const at::Tensor& grad_out,
                              const at::Tensor& mask, const at::Tensor& save_mean,
                              const at::Tensor& save_invstd, const at::Tensor& weight,
                              const at::Tensor& dx, const at::Tensor& grad_weight,
-                             const at::Tensor& grad_bias);
+                             const at::Tensor& grad_bias, const at::Tensor& dres = at::Tensor(),
+                             bool* dres_written = nullptr);
 
 }  // namespace bn
 
@@ -91,6 +95,22 @@ conv_bn_relu_train_update_cuda(const at::Tensor& input, const at::Tensor& conv_w
                                const std::optional<at::Tensor>& running_var,
                                const std::optional<at::Tensor>& num_batches_tracked,
                                double momentum);
+
+// relu_mask_grad: grad_out where the mask of conv_out's elements is set, else 0.
+at::Tensor relu_mask_grad_cuda(const at::Tensor& grad_out, const at::Tensor& conv_out,
+                               const at::Tensor& mask);
+
+// conv_bn_relu_backward's five results and, sixth, the gradient of conv_bn_add_relu_train's
+// residual (relu_mask_grad's), which the BatchNorm backward's channels-last apply kernel writes
+// from the grad_out and mask it reads anyway where it runs (saving relu_mask_grad's pass).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+conv_bn_add_relu_backward_cuda(const at::Tensor& grad_out, const at::Tensor& input,
+                               const at::Tensor& conv_weight, const at::Tensor& conv_out,
+                               const std::optional<at::Tensor>& bn_weight,
+                               const at::Tensor& save_mean, const at::Tensor& save_invstd,
+                               const at::Tensor& mask, at::IntArrayRef stride,
+                               at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
+                               std::array<bool, 5> output_mask);
 
 }  // namespace cbr
 }  // namespace cudadoctor_ops

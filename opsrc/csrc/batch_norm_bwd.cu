@@ -508,12 +508,14 @@ __device__ __forceinline__ Pack<T, V> bwd_dx_pack(const Pack<T, V>& px, const Pa
   return o;
 }
 
-// x, dy, dx: [R, C]; block/grid like bn_bwd_reduce_nhwc.
+// x, dy, dx: [R, C]; block/grid like bn_bwd_reduce_nhwc. With the mask (M) and dres not null it
+// also writes dres = dy where the mask bit is set, else 0 (the gradient that reaches the residual
+// of Conv+BN+Add+ReLU), from the dy and mask it loads anyway.
 template <typename T, int V, bool M = false, bool NR = false>
 __global__ void __launch_bounds__(kThreads, BwdNhwcMinBlocks<T, NR>::value)
     bn_bwd_apply_nhwc(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
                       const typename Acc<T>::type* __restrict__ coef, int64_t R, int64_t C,
-                      bool relu, bool need_x, const uint8_t* mask) {
+                      bool relu, bool need_x, const uint8_t* mask, T* __restrict__ dres) {
   using A = typename Acc<T>::type;
   constexpr int U = BwdUnroll<V>::value;
   const int64_t Cv = C / V;
@@ -538,9 +540,18 @@ __global__ void __launch_bounds__(kThreads, BwdNhwcMinBlocks<T, NR>::value)
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (r + u * rstride < R) {
-        *reinterpret_cast<Pack<T, V>*>(dx + (R - 1 - r - u * rstride) * C + cv * V) =
+        const int64_t off = (R - 1 - r - u * rstride) * C + cv * V;
+        *reinterpret_cast<Pack<T, V>*>(dx + off) =
             bwd_dx_pack<M, T, V, A, NR>(px[u], pg[u], bits[u], mean, a, B, D, e, relu, need_x,
                                         mask);
+        if constexpr (M) {
+          if (dres != nullptr) {
+            Pack<T, V> o;
+#pragma unroll
+            for (int i = 0; i < V; ++i) o.v[i] = ((bits[u] >> i) & 1u) ? pg[u].v[i] : T(0);
+            *reinterpret_cast<Pack<T, V>*>(dres + off) = o;
+          }
+        }
       }
     }
   }
@@ -1207,13 +1218,15 @@ bool launch_bwd_singleread_nchw(const Layout& l, const T* x, const T* g, T* dx,
 // Launches: with a reduction and grad_input, bn_bwd_singleread_nchw for contiguous inputs with
 // small channels, or bn_bwd_fused_* alone for small tensors (see launch_fused_backward); else NCHW: reduce (if needed) -> apply (which finishes its channel
 // itself), and without grad_input reduce -> finalize; NHWC: reduce (if needed) -> finalize ->
-// apply (if grad_input is wanted).
+// apply (if grad_input is wanted). With the mask, dres (not null) asks the channels-last apply
+// to write the residual's gradient too (see bn_bwd_apply_nhwc); returns whether it was written
+// (only by that kernel: the other paths leave it to the caller).
 template <typename T, int V, bool M = false>
-void launch_backward(const Layout& l, const at::Tensor& dy, const at::Tensor& dx,
+bool launch_backward(const Layout& l, const at::Tensor& dy, const at::Tensor& dx,
                      const at::Tensor& w, const at::Tensor& b, const at::Tensor& save_mean,
                      const at::Tensor& save_invstd, const at::Tensor& reserve, bool training,
                      bool relu, bool need_reduce, const at::Tensor& gw, const at::Tensor& gb,
-                     const uint8_t* mask = nullptr) {
+                     const uint8_t* mask = nullptr, T* dres = nullptr) {
   using A = typename Acc<T>::type;
   const int device = l.x.get_device();
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
@@ -1245,17 +1258,17 @@ void launch_backward(const Layout& l, const at::Tensor& dy, const at::Tensor& dx
   if (need_reduce && dx.defined() && (M || mask == nullptr) &&
       launch_bwd_singleread_nchw<T, V, M>(l, x, g, dx.data_ptr<T>(), f, relu, device, stream,
                                           mask)) {
-    return;
+    return false;
   }
   if (need_reduce && dx.defined() &&
       launch_tile_backward<T, V, M>(l, x, g, dx.data_ptr<T>(), f, acc_opts, relu, device,
                                     stream)) {
-    return;
+    return false;
   }
   if (need_reduce && dx.defined() &&
       launch_fused_backward<T, V, M>(l, x, g, dx.data_ptr<T>(), f, acc_opts, relu, need_x, device,
                                   stream)) {
-    return;
+    return false;
   }
   int splits = 0;
   at::Tensor ws;
@@ -1296,7 +1309,7 @@ void launch_backward(const Layout& l, const at::Tensor& dy, const at::Tensor& dx
     bn_bwd_apply_nchw<T, V, M><<<p.grid, p.block, 0, stream>>>(x, g, dx.data_ptr<T>(), f, l.N, l.C,
                                                             l.HW, relu, need_x);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    return;
+    return false;
   }
   at::Tensor coef = at::empty({l.C, 5}, acc_opts);
   if (need_reduce && fin_block_setting() != 0) {
@@ -1313,14 +1326,16 @@ void launch_backward(const Layout& l, const at::Tensor& dy, const at::Tensor& dx
     const Plan p =
         plan_launch(bn_bwd_apply_nhwc<T, V, M, !M>, true, l.N, l.C, l.HW, V, 0, device);
     bn_bwd_apply_nhwc<T, V, M, !M><<<p.grid, p.block, 0, stream>>>(
-        x, g, dx.data_ptr<T>(), coef.data_ptr<A>(), R, l.C, relu, need_x, mask);
+        x, g, dx.data_ptr<T>(), coef.data_ptr<A>(), R, l.C, relu, need_x, mask, nullptr);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   } else if (dx.defined()) {
     const Plan p = plan_launch(bn_bwd_apply_nhwc<T, V, M>, true, l.N, l.C, l.HW, V, 0, device);
     bn_bwd_apply_nhwc<T, V, M><<<p.grid, p.block, 0, stream>>>(
-        x, g, dx.data_ptr<T>(), coef.data_ptr<A>(), R, l.C, relu, need_x, mask);
+        x, g, dx.data_ptr<T>(), coef.data_ptr<A>(), R, l.C, relu, need_x, mask, dres);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return dres != nullptr;
   }
+  return false;
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_cuda(
@@ -1394,7 +1409,9 @@ bool relu_mask_backward_cuda(const at::Tensor& x, const at::Tensor& grad_out,
                              const at::Tensor& mask, const at::Tensor& save_mean,
                              const at::Tensor& save_invstd, const at::Tensor& weight,
                              const at::Tensor& dx, const at::Tensor& grad_weight,
-                             const at::Tensor& grad_bias) {
+                             const at::Tensor& grad_bias, const at::Tensor& dres,
+                             bool* dres_written) {
+  if (dres_written != nullptr) *dres_written = false;
   const auto st = x.scalar_type();
   if (st != at::kFloat && st != at::kHalf && st != at::kBFloat16) return false;
   if (x.numel() == 0 || x.dim() < 2 || !x.is_cuda()) return false;
@@ -1415,13 +1432,22 @@ bool relu_mask_backward_cuda(const at::Tensor& x, const at::Tensor& grad_out,
       constexpr int VW = 16 / sizeof(scalar_t);
       const void* dxp = dx.defined() ? dx.data_ptr() : nullptr;
       // the reserve pointer is read but unused with a mask
+      // the residual's gradient: dres in x's layout (and, for the packs, 16-byte aligned)
+      scalar_t* rp = nullptr;
+      if (dres.defined() && dres.is_contiguous(l.format) && dres.sizes() == x.sizes() &&
+          dres.scalar_type() == st)
+        rp = dres.data_ptr<scalar_t>();
+      bool w = false;
       if (vec_width<scalar_t>(l, {l.x.data_ptr(), dy.data_ptr(), dxp}) == VW) {
-        launch_backward<scalar_t, VW, true>(l, dy, dx, weight, at::Tensor(), sm, si, sm, true,
-                                            false, true, grad_weight, grad_bias, mp);
+        if (reinterpret_cast<uintptr_t>(rp) % 16 != 0) rp = nullptr;
+        w = launch_backward<scalar_t, VW, true>(l, dy, dx, weight, at::Tensor(), sm, si, sm,
+                                                true, false, true, grad_weight, grad_bias, mp,
+                                                rp);
       } else {
-        launch_backward<scalar_t, 1, true>(l, dy, dx, weight, at::Tensor(), sm, si, sm, true,
-                                           false, true, grad_weight, grad_bias, mp);
+        w = launch_backward<scalar_t, 1, true>(l, dy, dx, weight, at::Tensor(), sm, si, sm, true,
+                                               false, true, grad_weight, grad_bias, mp, rp);
       }
+      if (dres_written != nullptr) *dres_written = w;
     }
   });
   return true;

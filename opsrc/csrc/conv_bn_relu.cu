@@ -38,6 +38,9 @@
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include <cooperative_groups.h>
@@ -1300,6 +1303,33 @@ at::Tensor conv_forward(const at::Tensor& input, const at::Tensor& weight,
                          at::IntArrayRef(zero, 2), groups);
 }
 
+// CUDADOCTOR_OPS_CBR_BWD_STREAMS=1 runs the convolution's weight gradient on a side stream beside
+// the input gradient; by default (or =0) they run one after the other on the current stream, as
+// torch runs them (read at every call). Off by default: alone, a bfloat16 channels-last ResNet-50
+// convolution's backward took 0.89-1.23x less time on two streams (H200, CUDA-graph replay,
+// scripts/conv_bwd_streams_probe.py), but a whole batch-128 ResNet-50 training step took 22.77
+// instead of 21.90 ms of GPU time (scripts/gpu_host_probe.py resnet streams).
+bool bwd_streams_selected() { return env_switch("CUDADOCTOR_OPS_CBR_BWD_STREAMS") == 1; }
+
+// The two events of the side-stream fork and join, per device and host thread (created once,
+// without timing; a record replaces the previous one, so they are reused by every call).
+struct StreamEvents {
+  cudaEvent_t fork = nullptr;
+  cudaEvent_t join = nullptr;
+};
+
+StreamEvents& stream_events(int device) {
+  thread_local std::vector<StreamEvents> per_device;
+  if (per_device.size() <= static_cast<size_t>(device)) per_device.resize(device + 1);
+  StreamEvents& ev = per_device[device];
+  if (ev.fork == nullptr) {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    C10_CUDA_CHECK(cudaEventCreateWithFlags(&ev.fork, cudaEventDisableTiming));
+    C10_CUDA_CHECK(cudaEventCreateWithFlags(&ev.join, cudaEventDisableTiming));
+  }
+  return ev;
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_backward(
     const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight,
     at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
@@ -1330,9 +1360,37 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_backward(
   }
   const int64_t zero[2] = {0, 0};
   const int64_t bias_size[1] = {weight.size(0)};
-  return at::convolution_backward(grad, input, weight, at::IntArrayRef(bias_size, 1), stride,
-                                  padding, dilation, false, at::IntArrayRef(zero, 2), groups,
-                                  mask);
+  auto run = [&](std::array<bool, 3> m) {
+    return at::convolution_backward(grad, input, weight, at::IntArrayRef(bias_size, 1), stride,
+                                    padding, dilation, false, at::IntArrayRef(zero, 2), groups,
+                                    m);
+  };
+  if (!(mask[0] && (mask[1] || mask[2])) || !grad.is_cuda() || !bwd_streams_selected()) {
+    return run(mask);
+  }
+  // The weight (and bias) gradient on a side stream forked from the current one, the input
+  // gradient on the current stream, then the current stream waits for the side one.
+  const int device = grad.get_device();
+  c10::cuda::CUDAStream cur = c10::cuda::getCurrentCUDAStream(device);
+  c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device);
+  StreamEvents& ev = stream_events(device);
+  C10_CUDA_CHECK(cudaEventRecord(ev.fork, cur.stream()));
+  C10_CUDA_CHECK(cudaStreamWaitEvent(side.stream(), ev.fork, 0));
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> wr;
+  {
+    c10::cuda::CUDAStreamGuard on_side(side);
+    wr = run({false, mask[1], mask[2]});
+  }
+  auto ir = run({true, false, false});
+  C10_CUDA_CHECK(cudaEventRecord(ev.join, side.stream()));
+  C10_CUDA_CHECK(cudaStreamWaitEvent(cur.stream(), ev.join, 0));
+  // allocated on the side stream, used on the current one from here on: their blocks are not
+  // reused before the current stream's work queued so far has run
+  for (const at::Tensor* t : {&std::get<1>(wr), &std::get<2>(wr)}) {
+    if (t->defined() && t->storage().data_ptr().get() != nullptr)
+      c10::cuda::CUDACachingAllocator::recordStream(t->storage().data_ptr(), cur);
+  }
+  return {std::get<0>(ir), std::get<1>(wr), std::get<2>(wr)};
 }
 
 void check_bn_param(const char* op, const std::optional<at::Tensor>& t, const char* name,
@@ -2041,17 +2099,16 @@ TrainOut conv_bn_relu_train_cuda(const at::Tensor& input, const at::Tensor& conv
                     dilation, groups, nullptr);
 }
 
-// -> (grad_input, grad_conv_weight, grad_conv_bias, grad_bn_weight, grad_bn_bias); entries whose
-// output_mask is false are empty tensors of shape [0].
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-conv_bn_relu_backward_cuda(const at::Tensor& grad_out, const at::Tensor& input,
-                           const at::Tensor& conv_weight, const at::Tensor& conv_out,
-                           const std::optional<at::Tensor>& bn_weight,
-                           const at::Tensor& save_mean, const at::Tensor& save_invstd,
-                           const at::Tensor& mask, at::IntArrayRef stride,
-                           at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
-                           std::array<bool, 5> output_mask) {
-  constexpr const char* op = "cudadoctor_ops.conv_bn_relu_backward";
+// conv_bn_relu_backward; with `residual`, res_grad is also set to the residual's gradient of
+// conv_bn_add_relu_train (relu_mask_grad's result), written by the BatchNorm backward's apply
+// kernel where it can (bn::relu_mask_backward_cuda), else by relu_mask_grad's kernel.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_impl(
+    const char* op, const at::Tensor& grad_out, const at::Tensor& input,
+    const at::Tensor& conv_weight, const at::Tensor& conv_out,
+    const std::optional<at::Tensor>& bn_weight, const at::Tensor& save_mean,
+    const at::Tensor& save_invstd, const at::Tensor& mask, at::IntArrayRef stride,
+    at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
+    std::array<bool, 5> output_mask, bool residual, at::Tensor* res_grad) {
   check_common(op, input, conv_weight, stride, padding, dilation, groups);
   TORCH_CHECK(grad_out.sizes() == conv_out.sizes() &&
                   grad_out.scalar_type() == conv_out.scalar_type() &&
@@ -2078,13 +2135,16 @@ conv_bn_relu_backward_cuda(const at::Tensor& grad_out, const at::Tensor& input,
   at::Tensor gw = output_mask[3] ? at::empty({C}, save_mean.options().dtype(pdtype)) : at::Tensor();
   at::Tensor gb = output_mask[4] ? at::empty({C}, save_mean.options().dtype(pdtype)) : at::Tensor();
   at::Tensor dconv = need_conv_grad ? at::empty_like(l.x) : at::Tensor();
+  at::Tensor dres = residual ? at::empty_like(l.x) : at::Tensor();
+  bool dres_written = false;
   if (l.x.numel() == 0) {
     if (gw.defined()) gw.zero_();
     if (gb.defined()) gb.zero_();
     if (dconv.defined()) dconv.zero_();
+    dres_written = true;
   } else if ((need_conv_grad || gw.defined() || gb.defined()) && cbr_bn_bwd_selected() &&
              bn::relu_mask_backward_cuda(l.x, dy, mask, save_mean, save_invstd, w, dconv, gw,
-                                         gb)) {
+                                         gb, dres, &dres_written)) {
     // BatchNorm's backward kernels (one cooperative launch for small tensors) with the mask
   } else if (need_conv_grad || gw.defined() || gb.defined()) {
     const at::Tensor sm = save_mean.contiguous(), si = save_invstd.contiguous();
@@ -2102,6 +2162,7 @@ conv_bn_relu_backward_cuda(const at::Tensor& grad_out, const at::Tensor& input,
       }
     });
   }
+  if (residual) *res_grad = dres_written ? dres : relu_mask_grad_cuda(dy, l.x, mask);
   at::Tensor gi, gcw, gcb;
   if (need_conv_grad) {
     auto r = conv_backward(dconv, input, conv_weight, stride, padding, dilation, groups,
@@ -2117,6 +2178,21 @@ conv_bn_relu_backward_cuda(const at::Tensor& grad_out, const at::Tensor& input,
     return t.defined() ? t : at::empty({0}, input.options());
   };
   return {or_empty(gi), or_empty(gcw), or_empty(gcb), or_empty(gw), or_empty(gb)};
+}
+
+// -> (grad_input, grad_conv_weight, grad_conv_bias, grad_bn_weight, grad_bn_bias); entries whose
+// output_mask is false are empty tensors of shape [0].
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+conv_bn_relu_backward_cuda(const at::Tensor& grad_out, const at::Tensor& input,
+                           const at::Tensor& conv_weight, const at::Tensor& conv_out,
+                           const std::optional<at::Tensor>& bn_weight,
+                           const at::Tensor& save_mean, const at::Tensor& save_invstd,
+                           const at::Tensor& mask, at::IntArrayRef stride,
+                           at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
+                           std::array<bool, 5> output_mask) {
+  return backward_impl("cudadoctor_ops.conv_bn_relu_backward", grad_out, input, conv_weight,
+                       conv_out, bn_weight, save_mean, save_invstd, mask, stride, padding,
+                       dilation, groups, output_mask, false, nullptr);
 }
 
 void conv_bn_relu_update_stats_cuda(const std::optional<at::Tensor>& running_mean,
@@ -2341,6 +2417,22 @@ at::Tensor conv_bias_relu_cuda(const at::Tensor& input, const at::Tensor& weight
 }
 
 }  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+conv_bn_add_relu_backward_cuda(const at::Tensor& grad_out, const at::Tensor& input,
+                               const at::Tensor& conv_weight, const at::Tensor& conv_out,
+                               const std::optional<at::Tensor>& bn_weight,
+                               const at::Tensor& save_mean, const at::Tensor& save_invstd,
+                               const at::Tensor& mask, at::IntArrayRef stride,
+                               at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
+                               std::array<bool, 5> output_mask) {
+  at::Tensor res;
+  auto [gi, gcw, gcb, gw, gb] =
+      backward_impl("cudadoctor_ops.conv_bn_relu_backward", grad_out, input, conv_weight,
+                    conv_out, bn_weight, save_mean, save_invstd, mask, stride, padding, dilation,
+                    groups, output_mask, true, &res);
+  return {gi, gcw, gcb, gw, gb, res};
+}
 
 TrainOut conv_bn_relu_train_update_cuda(const at::Tensor& input, const at::Tensor& conv_weight,
                                         const std::optional<at::Tensor>& conv_bias,

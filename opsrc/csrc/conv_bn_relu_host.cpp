@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "batch_norm.h"
+#include "env_setting.h"
 #include "host_util.h"
 
 namespace cudadoctor_ops {
@@ -131,11 +132,39 @@ variable_list save_train(AutogradContext* ctx, const Tensor& input, const Tensor
   return {out, conv_out, save_mean, save_invstd, mask};
 }
 
+// conv_bn_relu_backward's results r, where `need` asks for them, into result[0 .. 4] (the BN
+// bias gradient in the bias' dtype).
+void set_train_grads(AutogradContext* ctx, const std::array<bool, 5>& need,
+                     const std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>& r,
+                     variable_list& result) {
+  if (need[0]) result[0] = std::get<0>(r);
+  if (need[1]) result[1] = std::get<1>(r);
+  if (need[2]) result[2] = std::get<2>(r);
+  if (need[3]) result[3] = std::get<3>(r);
+  if (need[4]) {
+    const auto dt = static_cast<at::ScalarType>(ctx->saved_data["bb_dtype"].toInt());
+    const Tensor& g = std::get<4>(r);
+    result[4] = g.scalar_type() == dt ? g : g.to(dt);
+  }
+}
+
+// An eager call on plain CUDA tensors (no dispatch mode, no Python key): the backward may call the
+// CUDA implementation directly, as the forward's eager path does.
+bool eager_cuda(std::initializer_list<const Tensor*> ts) {
+  if (c10::impl::TorchDispatchModeTLS::stack_len() > 0) return false;
+  if (c10::impl::tls_local_dispatch_key_set().included_.has(c10::DispatchKey::Python))
+    return false;
+  for (const Tensor* t : ts)
+    if (t->defined() && !plain_cuda(*t)) return false;
+  return true;
+}
+
 // The training Functions' backward: one entry per forward argument (n_args; tensors or not, only
 // tensor inputs get gradients); conv_bn_relu_backward with the saved mask for input, conv weight
 // / bias and BN weight / bias (forward arguments 0 .. 4), and with `residual` (forward argument
-// 5, conv_bn_add_relu_train) relu_mask_grad for the residual. needs_input_grad counts only the
-// tensor inputs that were given.
+// 5, conv_bn_add_relu_train) relu_mask_grad for the residual (in an eager CUDA call both in
+// conv_bn_add_relu_backward_cuda, the residual's from the same kernels where they can).
+// needs_input_grad counts only the tensor inputs that were given.
 variable_list train_backward(AutogradContext* ctx, const variable_list& grads, size_t n_args,
                              bool residual) {
   variable_list result(n_args);
@@ -152,24 +181,30 @@ variable_list train_backward(AutogradContext* ctx, const variable_list& grads, s
   const bool any = n_in || n_w || n_cb || n_bw || n_bb;
   if (!(any || n_res)) return result;
   auto saved = ctx->get_saved_variables();
-  if (n_res) result[5] = mask_grad_op().call(grad_out, saved[2], saved[6]);
-  if (!any) return result;
   OptTensor bn_weight;
   if (saved[3].defined()) bn_weight = saved[3];
+  if (n_res && any && eager_cuda({&grad_out, &saved[0], &saved[1], &saved[2], &saved[6]}) &&
+      env_switch("CUDADOCTOR_OPS_CBR_RES_GRAD_FUSED") != 0) {
+    // eager CUDA: the residual's gradient from the BatchNorm backward's kernels where they can
+    // write it (no separate relu_mask_grad pass); CUDADOCTOR_OPS_CBR_RES_GRAD_FUSED=0 (read at
+    // every call) takes the ops' way below
+    auto r = cbr::conv_bn_add_relu_backward_cuda(
+        grad_out, saved[0], saved[1], saved[2], bn_weight, saved[4], saved[5], saved[6],
+        ctx->saved_data["stride"].toIntVector(), ctx->saved_data["padding"].toIntVector(),
+        ctx->saved_data["dilation"].toIntVector(), ctx->saved_data["groups"].toInt(), need);
+    result[5] = std::get<5>(r);
+    set_train_grads(ctx, need, {std::get<0>(r), std::get<1>(r), std::get<2>(r), std::get<3>(r),
+                                std::get<4>(r)}, result);
+    return result;
+  }
+  if (n_res) result[5] = mask_grad_op().call(grad_out, saved[2], saved[6]);
+  if (!any) return result;
   auto r = backward_op().call(grad_out, saved[0], saved[1], saved[2], bn_weight, saved[4],
                               saved[5], saved[6], ctx->saved_data["stride"].toIntVector(),
                               ctx->saved_data["padding"].toIntVector(),
                               ctx->saved_data["dilation"].toIntVector(),
                               ctx->saved_data["groups"].toInt(), need);
-  if (need[0]) result[0] = std::get<0>(r);
-  if (need[1]) result[1] = std::get<1>(r);
-  if (need[2]) result[2] = std::get<2>(r);
-  if (need[3]) result[3] = std::get<3>(r);
-  if (need[4]) {
-    const auto dt = static_cast<at::ScalarType>(ctx->saved_data["bb_dtype"].toInt());
-    Tensor g = std::get<4>(r);
-    result[4] = g.scalar_type() == dt ? g : g.to(dt);
-  }
+  set_train_grads(ctx, need, r, result);
   return result;
 }
 
@@ -320,10 +355,8 @@ bool eager_fast_path(const Tensor& input, const Tensor& weight, const OptTensor&
                      const OptTensor& running_mean, const OptTensor& running_var,
                      const OptTensor& num_batches_tracked) {
   if (!cbr::tile_enabled()) return false;
-  if (c10::impl::TorchDispatchModeTLS::stack_len() > 0) return false;
-  if (c10::impl::tls_local_dispatch_key_set().included_.has(c10::DispatchKey::Python))
+  if (!eager_cuda({}) || !plain_cuda(input) || !plain_cuda(weight) || input.numel() == 0)
     return false;
-  if (!plain_cuda(input) || !plain_cuda(weight) || input.numel() == 0) return false;
   for (const OptTensor* t : {&conv_bias, &bn_weight, &bn_bias, &num_batches_tracked})
     if (has(*t) && !plain_cuda(**t)) return false;
   for (const OptTensor* t : {&running_mean, &running_var})
