@@ -29,6 +29,8 @@
     dw   depthwise channels_last forward (CUDADOCTOR_OPS_DW_V4*, against impl=nhwc_v3 and v2)
     dwb  depthwise channels_last backward dX + dW (CUDADOCTOR_OPS_DW_WGRAD_SMEM=0 / 1; CUDADOCTOR_OPS_DW_WGRAD_V1 /
          _DGRAD_V1 / _V4)
+    dwb4 the same backward, default against CUDADOCTOR_OPS_DW_V4_CFG=4 (the stride-1 input gradient
+         runs the forward kernel on the flipped filter, here with groups of 7 columns)
     dwn  depthwise float32 NCHW forward and backward (dX + dW) on the issue's target shapes
          (2-row tiles forced; CUDADOCTOR_OPS_DW_V2_COLV=0: strided columns
          instead of 4 consecutive ones per thread at stride 1; CUDADOCTOR_OPS_DW_V2_LEAN=1: the cp.async kernel's LEAN
@@ -74,7 +76,8 @@ CBRB_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_BWD_TILE_STASH": "0"}, {"CUDADOCTOR_OPS
                  {"CUDADOCTOR_OPS_BN_BWD_TILE": "0"}]
 CBRS_SETTINGS = [{}, {"CUDADOCTOR_OPS_CBR_CUDNN_STATS": "1"},
                  {"CUDADOCTOR_OPS_CBR_CUDNN_STATS": "1", "CUDADOCTOR_OPS_CBR_SUMS_FUSED": "0"}]
-DW_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_V4_CFG": "1"}, {"CUDADOCTOR_OPS_DW_V4_CFG": "3"}]
+DW_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_V4_CFG": "1"}, {"CUDADOCTOR_OPS_DW_V4_CFG": "3"},
+               {"CUDADOCTOR_OPS_DW_V4_CFG": "4"}]
 DWN_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_V2_ROWS": "2"}, {"CUDADOCTOR_OPS_DW_V2_COLV": "0"},
                 {"CUDADOCTOR_OPS_DW_V2_LEAN": "1", "CUDADOCTOR_OPS_DW_V2_COLV": "0"}]
 DWN_CASES = [(1, 64, 128, 128, 3), (8, 64, 128, 128, 3), (1, 256, 128, 128, 3), (32, 12, 112, 112, 5),
@@ -82,6 +85,7 @@ DWN_CASES = [(1, 64, 128, 128, 3), (8, 64, 128, 128, 3), (1, 256, 128, 128, 3), 
 DWB_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "0"}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "1"},
                 {"CUDADOCTOR_OPS_DW_WGRAD_V1": "1", "CUDADOCTOR_OPS_DW_DGRAD_V1": "1", "CUDADOCTOR_OPS_DW_V4": "0"}]
 
+DWB4_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_V4_CFG": "4"}]
 DWW_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "0"}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "1"}, {"CUDADOCTOR_OPS_DW_WGRAD_PF": "1"},
                 {"CUDADOCTOR_OPS_DW_WGRAD_PF": "2"}]
 
@@ -301,8 +305,9 @@ def main(argv: list[str]) -> int:
         settings = {"bn": BN_SETTINGS, "bnf": BNF_SETTINGS, "bns": BNS_SETTINGS, "bnp": BNP_SETTINGS, "bnnr": BNNR_SETTINGS,
                     "cbr": CBR_SETTINGS, "cbrb": CBRB_SETTINGS, "cbrs": CBRS_SETTINGS,
                     "dw": DW_SETTINGS, "dwn": DWN_SETTINGS,
-                    "dwb": DWB_SETTINGS, "dww": DWW_SETTINGS}[part]
-        results = [(_label(env), _run(part, env)) for env in settings]
+                    "dwb": DWB_SETTINGS, "dwb4": DWB4_SETTINGS, "dww": DWW_SETTINGS}[part]
+        child = {"dwb4": "dwb"}.get(part, part)
+        results = [(_label(env), _run(child, env)) for env in settings]
         results = [(lab, r) for lab, r in results if r]
         if not results:
             continue

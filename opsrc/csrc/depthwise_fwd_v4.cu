@@ -216,11 +216,18 @@ __global__ void __launch_bounds__(NT, MINB)
 // ---------------------------------------------------------------------------
 // Host side.
 //
-// Configurations, forced at run time by CUDADOCTOR_OPS_DW_V4_CFG=0..3 (read once). Unset
-// (or anything else): 3 for 3x3 with an output row of at least 14 and for 5x5 at stride 2, else 1
-// (the H200, batch-64 MobileNetV2 / EfficientNet-B0 layers in float16 / bfloat16, one run: 3 was
-// 1.02-1.10x faster than 1 on those, 1 up to 1.12x faster than 3 on 7x7 planes, 3x3 stride 2
-// to 7x7 and 5x5 stride 1; 1 beat 0 and 2 on 36 of 38 in an earlier run):
+// Configurations, forced at run time by CUDADOCTOR_OPS_DW_V4_CFG=0..4 (read once). Unset
+// (or anything else): 4 for 3x3 and 5x5 at stride 1 with output rows of 14, 21 or 28; else 3
+// for 3x3 with an output row of at least 14 and for 5x5 at stride 2; else 1 (the H200, batch-64
+// MobileNetV2 / EfficientNet-B0 layers in float16 / bfloat16, one run: 3 was 1.02-1.10x faster
+// than 1 on those, 1 up to 1.12x faster than 3 on 7x7 planes, 3x3 stride 2 to 7x7 and 5x5
+// stride 1; 1 beat 0 and 2 on 36 of 38 in an earlier run; 4 against the choice before it,
+// `scripts/gpu_variants.py dw dwb4`, 2026-11-30: 5x5 stride 1 forward (64,240,28,28) 43.5 -> 41.8
+// us float16 (cuDNN 41.5), (64,480,14,14) 27.5 -> 24.9, (64,672,14,14) 36.2 -> 32.3, 3x3
+// (64,192,28,28) 22.9 -> 22.0, the 3x3 14x14 layers -3% to +3%; the backward, whose stride-1
+// input gradient is this kernel, (64,672,14,14) 5x5 81.1 -> 75.5 us, (64,192,28,28) 3x3 59.5 ->
+// 56.3 (cuDNN 55.7); slower on 7x7 planes (5x5 (64,1152,7,7) 19.1 -> 21.0) and 56x56 / 112x112
+// (where 3's groups of 8 tile the rows), hence the row-width test):
 //   0:           128-thread blocks, at most 64 registers (8 blocks, 50%
 //                occupancy per SM); RW = 2 outputs per thread along W for 3x3
 //                and 5x5 at stride 1, RW = 1 for 7x7 and at stride 2.
@@ -236,6 +243,8 @@ __global__ void __launch_bounds__(NT, MINB)
 //   3:           128-thread blocks with the widest groups: RW = 8 for 3x3 and 4 for 5x5 / 7x7
 //                at stride 1, 4 (3x3, 5x5) or 2 (7x7) at stride 2, bounded at 170
 //                registers (3 blocks): fewer loads per output again, lower occupancy.
+//   4:           as 3 with RW = 7 at stride 1 (groups that tile rows of 7k pixels without a
+//                ragged last group); at stride 2 as 1.
 // All use the same block-shape planner (v4_plan). Timed on the H200 and removed: 1 bounded at 80
 // registers (6 blocks per SM; nvcc 13.0 spills 32-40 bytes at 5x5 stride 1) took (64,240,28,28)
 // 5x5 fp16 from 43.6 to 49.8 us and was within noise or slower on the other 37 layers; 1 with
@@ -246,15 +255,20 @@ struct V4Rw {
   static constexpr int narrow = (S == 1 && K <= 5) ? 2 : 1;
   static constexpr int wide = (S == 1 && K <= 5) ? 4 : 2;
   static constexpr int widest = S == 1 ? (K == 3 ? 8 : 4) : (K <= 5 ? 4 : 2);
+  // configuration 4 (stride 1): groups of 7 columns, which tile the 112 / 56 / 28 / 14 / 7-pixel
+  // rows of MobileNet / EfficientNet layers without a ragged last group (3 blocks per SM: at 4,
+  // ptxas spilled 8-24 bytes at 3x3)
+  static constexpr int seven = S == 1 ? 7 : wide;
 };
 
 // The forced configuration, or -1 (choose by shape: v4_auto_cfg).
 int v4_cfg() {
-  static const int cfg = env_choice("CUDADOCTOR_OPS_DW_V4_CFG", {0, 1, 2, 3}, -1);
+  static const int cfg = env_choice("CUDADOCTOR_OPS_DW_V4_CFG", {0, 1, 2, 3, 4}, -1);
   return cfg;
 }
 
 int v4_auto_cfg(int K, int S, int Wo) {
+  if (S == 1 && K <= 5 && Wo % 7 == 0 && Wo >= 14 && Wo <= 28) return 4;
   if (K == 3 && Wo >= 14) return 3;
   if (K == 5 && S == 2) return 3;
   return 1;
@@ -396,6 +410,12 @@ bool run_nhwc_v4_cfg(const void* in, const void* w, const void* bias, void* out,
       return run_nhwc_v4<T, K, S, RWA, 256, 4>(in, w, bias, out, s, flip, stream);
     case 3:
       return run_nhwc_v4<T, K, S, RWC, 128, 3>(in, w, bias, out, s, flip, stream);
+    case 4:
+      if constexpr (S == 1) {
+        return run_nhwc_v4<T, K, S, V4Rw<K, S>::seven, 128, 3>(in, w, bias, out, s, flip,
+                                                               stream);
+      }
+      [[fallthrough]];
     default:
       return run_nhwc_v4<T, K, S, RWB, 128, 5>(in, w, bias, out, s, flip, stream);
   }

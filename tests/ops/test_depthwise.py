@@ -743,7 +743,7 @@ def test_compiled_op_bad_arguments_raise_runtime_error_in_subprocess():
 # memory) for float16/bfloat16 where it applies (C % 8 == 0, 16-byte aligned input and output),
 # else the second-generation kernel; "auto" tries it first for those dtypes (unless
 # CUDADOCTOR_OPS_DW_V4=0), also in the stride-1 input gradient (the forward kernel on the flipped
-# filter). Its block shape and outputs per thread come from CUDADOCTOR_OPS_DW_V4_CFG=0..3, read
+# filter). Its block shape and outputs per thread come from CUDADOCTOR_OPS_DW_V4_CFG=0..4, read
 # once per process: the in-process tests below check the configuration of this process (0 unless
 # the variable is set), and one child process per configuration runs the same checks.
 
@@ -781,6 +781,8 @@ def _v4_pads(k, h, w):
 def _v4_rw(k, s, cfg):
     """Outputs per thread along W of configuration cfg (mirrors V4Rw in depthwise_fwd_v4.cu)."""
     small = s == 1 and k <= 5
+    if cfg == 4:
+        return 7 if s == 1 else _v4_rw(k, s, 1)
     if cfg == 1:
         return 4 if small else 2
     if cfg == 3:
@@ -790,6 +792,8 @@ def _v4_rw(k, s, cfg):
 
 def _v4_auto_cfg(k, s, wo):
     """The configuration nhwc_v4 picks without CUDADOCTOR_OPS_DW_V4_CFG (mirrors v4_auto_cfg)."""
+    if s == 1 and k <= 5 and wo % 7 == 0 and 14 <= wo <= 28:
+        return 4
     if k == 3 and wo >= 14:
         return 3
     if k == 5 and s == 2:
@@ -800,13 +804,15 @@ def _v4_auto_cfg(k, s, wo):
 def _v4_env_cfg():
     """CUDADOCTOR_OPS_DW_V4_CFG of this process, or None (choose by shape)."""
     v = os.environ.get("CUDADOCTOR_OPS_DW_V4_CFG", "")
-    return int(v) if v in ("0", "1", "2", "3") else None
+    return int(v) if v in ("0", "1", "2", "3", "4") else None
 
 
 def _v4_kernel_tag(dtype, k, s, cfg):
     """The template arguments of the fwd_nhwc_v4 instantiation that configuration cfg runs."""
     t = "c10::Half" if dtype == torch.float16 else "c10::BFloat16"
-    nt, minb = {0: (128, 8), 1: (128, 5), 2: (256, 4), 3: (128, 3)}[cfg]
+    if cfg == 4 and s != 1:
+        cfg = 1  # configuration 4 is 1 at stride 2
+    nt, minb = {0: (128, 8), 1: (128, 5), 2: (256, 4), 3: (128, 3), 4: (128, 3)}[cfg]
     return f"fwd_nhwc_v4<{t}, {k}, {s}, {_v4_rw(k, s, cfg)}, {nt}, {minb}>"
 
 
@@ -1051,7 +1057,7 @@ def _run_child_env(code: str, env_extra: dict):
 
 
 @needs_v4
-@pytest.mark.parametrize("cfg", [0, 1, 2, 3])
+@pytest.mark.parametrize("cfg", [0, 1, 2, 3, 4])
 def test_nhwc_v4_every_config_in_subprocess(cfg):
     proc, report = _run_child_env(_V4_CHILD_SCRIPT, {"CUDADOCTOR_OPS_DW_V4_CFG": str(cfg)})
     assert proc.returncode >= 0, f"child killed by signal {-proc.returncode}:\n{report}"
