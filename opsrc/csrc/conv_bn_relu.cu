@@ -1376,14 +1376,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_backward(
   StreamEvents& ev = stream_events(device);
   C10_CUDA_CHECK(cudaEventRecord(ev.fork, cur.stream()));
   C10_CUDA_CHECK(cudaStreamWaitEvent(side.stream(), ev.fork, 0));
-  std::tuple<at::Tensor, at::Tensor, at::Tensor> wr;
-  {
-    c10::cuda::CUDAStreamGuard on_side(side);
-    wr = run({false, mask[1], mask[2]});
+  // the current stream waits for the side stream's work however this function ends (an error
+  // of either gradient included), so nothing queued on the side stream outlives its inputs
+  auto join = [&] {
+    C10_CUDA_CHECK(cudaEventRecord(ev.join, side.stream()));
+    C10_CUDA_CHECK(cudaStreamWaitEvent(cur.stream(), ev.join, 0));
+  };
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> wr, ir;
+  try {
+    {
+      c10::cuda::CUDAStreamGuard on_side(side);
+      wr = run({false, mask[1], mask[2]});
+    }
+    ir = run({true, false, false});
+  } catch (...) {
+    join();
+    throw;
   }
-  auto ir = run({true, false, false});
-  C10_CUDA_CHECK(cudaEventRecord(ev.join, side.stream()));
-  C10_CUDA_CHECK(cudaStreamWaitEvent(cur.stream(), ev.join, 0));
+  join();
   // allocated on the side stream, used on the current one from here on: their blocks are not
   // reused before the current stream's work queued so far has run
   for (const at::Tensor* t : {&std::get<1>(wr), &std::get<2>(wr)}) {

@@ -183,7 +183,9 @@ variable_list train_backward(AutogradContext* ctx, const variable_list& grads, s
   auto saved = ctx->get_saved_variables();
   OptTensor bn_weight;
   if (saved[3].defined()) bn_weight = saved[3];
-  if (n_res && any && eager_cuda({&grad_out, &saved[0], &saved[1], &saved[2], &saved[6]}) &&
+  if (n_res && any &&
+      eager_cuda({&grad_out, &saved[0], &saved[1], &saved[2], &saved[3], &saved[4], &saved[5],
+                  &saved[6]}) &&
       env_switch("CUDADOCTOR_OPS_CBR_RES_GRAD_FUSED") != 0) {
     // eager CUDA: the residual's gradient from the BatchNorm backward's kernels where they can
     // write it (no separate relu_mask_grad pass); CUDADOCTOR_OPS_CBR_RES_GRAD_FUSED=0 (read at
