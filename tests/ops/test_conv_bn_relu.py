@@ -303,11 +303,14 @@ def test_residual_gradients_asked_for_alone(device):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("size", ["large", "small"])
-def test_residual_gradient_from_batchnorm_backward(dtype, size, deterministic_cudnn):
+def test_residual_gradient_from_batchnorm_backward(dtype, size, deterministic_cudnn, monkeypatch):
     """An eager channels-last tail's backward takes the residual's gradient from BatchNorm's
-    backward apply kernel where that runs (large: too big for the one-launch kernels), else from
-    relu_mask_grad (small); either way every gradient equals the ops' called one by one
-    (conv_bn_relu_backward, relu_mask_grad), bit for bit."""
+    backward apply kernel where that runs (large: too big for the one-launch kernels; no
+    cbr_mask_grad kernel then), else from relu_mask_grad (small, or
+    CUDADOCTOR_OPS_CBR_RES_GRAD_FUSED=0); either way every gradient equals the ops' called one by
+    one (conv_bn_relu_backward, relu_mask_grad), bit for bit."""
+    from torch.profiler import ProfilerActivity, profile
+
     torch.manual_seed(0)
     n, hw = (5, 128) if size == "large" else (2, 12)
     cl = torch.channels_last
@@ -322,7 +325,21 @@ def test_residual_gradient_from_batchnorm_backward(dtype, size, deterministic_cu
     xl, wl, gl, bl, rl = leaves
     out = conv_bn_relu(xl, wl, None, gl, bl, None, None, True, 0.1, 1e-5, 1, 0, 1, 1, residual=rl)
     gy = torch.randn_like(out)
-    gx, gw, gg, gb, gr = torch.autograd.grad(out, leaves, gy)
+
+    def backward_kernels():
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            grads = torch.autograd.grad(out, leaves, gy, retain_graph=True)
+            torch.cuda.synchronize()
+        return grads, " ".join(e.name for e in prof.events())
+
+    (gx, gw, gg, gb, gr), names = backward_kernels()
+    assert ("bn_bwd_apply_nhwc" in names) == (size == "large"), names
+    assert ("cbr_mask_grad" in names) == (size == "small"), names
+    monkeypatch.setenv("CUDADOCTOR_OPS_CBR_RES_GRAD_FUSED", "0")
+    (gx0, gw0, gg0, gb0, gr0), names0 = backward_kernels()
+    assert "cbr_mask_grad" in names0, names0
+    for got, want in zip((gx0, gw0, gg0, gb0, gr0), (gx, gw, gg, gb, gr)):
+        assert torch.equal(got, want)
     args = ([1, 1], [0, 0], [1, 1], 1)
     o, conv_out, mean, invstd, mask = ops.conv_bn_add_relu_train(x, w, None, gamma, beta, r, 1e-5, *args)
     assert torch.equal(o, out)
