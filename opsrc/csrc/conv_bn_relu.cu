@@ -2109,16 +2109,38 @@ TrainOut conv_bn_relu_train_cuda(const at::Tensor& input, const at::Tensor& conv
                     dilation, groups, nullptr);
 }
 
-// conv_bn_relu_backward; with `residual`, res_grad is also set to the residual's gradient of
-// conv_bn_add_relu_train (relu_mask_grad's result), written by the BatchNorm backward's apply
-// kernel where it can (bn::relu_mask_backward_cuda), else by relu_mask_grad's kernel.
+// out = g where the mask (of g's elements, memory order) is set, else 0: relu_mask_grad's kernel
+// on tensors of one layout (out: g's sizes, dtype and memory order).
+void launch_mask_grad(const at::Tensor& g, const at::Tensor& mask, at::Tensor& out) {
+  const int64_t numel = g.numel();
+  if (numel == 0) return;
+  const int device = g.get_device();
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  const unsigned blocks = linear_blocks(numel, device);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, g.scalar_type(), "cbr_mask_grad", [&] {
+    const scalar_t* gp = g.data_ptr<scalar_t>();
+    scalar_t* op_ = out.data_ptr<scalar_t>();
+    const uint8_t* mp = mask.data_ptr<uint8_t>();
+    if (aligned16(gp) && aligned16(op_)) {
+      cbr_mask_grad<scalar_t, true><<<blocks, kThreads, 0, stream>>>(gp, mp, op_, numel);
+    } else {
+      cbr_mask_grad<scalar_t, false><<<blocks, kThreads, 0, stream>>>(gp, mp, op_, numel);
+    }
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// conv_bn_relu_backward; with res_grad (not null), *res_grad is also set to the residual's
+// gradient of conv_bn_add_relu_train (relu_mask_grad's result), written by the BatchNorm
+// backward's apply kernel where it can (bn::relu_mask_backward_cuda), else by relu_mask_grad's
+// kernel into the same tensor.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_impl(
     const char* op, const at::Tensor& grad_out, const at::Tensor& input,
     const at::Tensor& conv_weight, const at::Tensor& conv_out,
     const std::optional<at::Tensor>& bn_weight, const at::Tensor& save_mean,
     const at::Tensor& save_invstd, const at::Tensor& mask, at::IntArrayRef stride,
     at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
-    std::array<bool, 5> output_mask, bool residual, at::Tensor* res_grad) {
+    std::array<bool, 5> output_mask, at::Tensor* res_grad) {
   check_common(op, input, conv_weight, stride, padding, dilation, groups);
   TORCH_CHECK(grad_out.sizes() == conv_out.sizes() &&
                   grad_out.scalar_type() == conv_out.scalar_type() &&
@@ -2130,8 +2152,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_
                   save_mean.numel() == conv_out.size(1) && save_invstd.numel() == conv_out.size(1),
               op, ": save_mean / save_invstd must be [C] tensors of dtype ", acc_type,
               " as returned by conv_bn_relu_train");
-  TORCH_CHECK(mask.scalar_type() == at::kByte && mask.numel() >= mask_bytes(conv_out.numel()),
-              op, ": mask must be the uint8 mask returned by conv_bn_relu_train");
+  TORCH_CHECK(mask.scalar_type() == at::kByte && mask.numel() >= mask_bytes(conv_out.numel()) &&
+                  mask.is_contiguous() && mask.device() == conv_out.device(),
+              op, ": mask must be the uint8 mask returned by conv_bn_relu_train (contiguous, on ",
+              conv_out.device(), ")");
   check_bn_param(op, bn_weight, "bn_weight", conv_out);
   c10::cuda::CUDAGuard guard(input.device());
   Layout l = bn::make_layout(conv_out);
@@ -2145,7 +2169,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_
   at::Tensor gw = output_mask[3] ? at::empty({C}, save_mean.options().dtype(pdtype)) : at::Tensor();
   at::Tensor gb = output_mask[4] ? at::empty({C}, save_mean.options().dtype(pdtype)) : at::Tensor();
   at::Tensor dconv = need_conv_grad ? at::empty_like(l.x) : at::Tensor();
-  at::Tensor dres = residual ? at::empty_like(l.x) : at::Tensor();
+  at::Tensor dres = res_grad != nullptr ? at::empty_like(l.x) : at::Tensor();
   bool dres_written = false;
   if (l.x.numel() == 0) {
     if (gw.defined()) gw.zero_();
@@ -2172,7 +2196,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_
       }
     });
   }
-  if (residual) *res_grad = dres_written ? dres : relu_mask_grad_cuda(dy, l.x, mask);
+  if (res_grad != nullptr) {
+    if (!dres_written) launch_mask_grad(dy, mask, dres);
+    *res_grad = dres;
+  }
   at::Tensor gi, gcw, gcb;
   if (need_conv_grad) {
     auto r = conv_backward(dconv, input, conv_weight, stride, padding, dilation, groups,
@@ -2202,7 +2229,7 @@ conv_bn_relu_backward_cuda(const at::Tensor& grad_out, const at::Tensor& input,
                            std::array<bool, 5> output_mask) {
   return backward_impl("cudadoctor_ops.conv_bn_relu_backward", grad_out, input, conv_weight,
                        conv_out, bn_weight, save_mean, save_invstd, mask, stride, padding,
-                       dilation, groups, output_mask, false, nullptr);
+                       dilation, groups, output_mask, nullptr);
 }
 
 void conv_bn_relu_update_stats_cuda(const std::optional<at::Tensor>& running_mean,
@@ -2440,7 +2467,7 @@ conv_bn_add_relu_backward_cuda(const at::Tensor& grad_out, const at::Tensor& inp
   auto [gi, gcw, gcb, gw, gb] =
       backward_impl("cudadoctor_ops.conv_bn_relu_backward", grad_out, input, conv_weight,
                     conv_out, bn_weight, save_mean, save_invstd, mask, stride, padding, dilation,
-                    groups, output_mask, true, &res);
+                    groups, output_mask, &res);
   return {gi, gcw, gcb, gw, gb, res};
 }
 
@@ -2497,23 +2524,7 @@ at::Tensor relu_mask_grad_cuda(const at::Tensor& grad_out, const at::Tensor& con
               ": conv_out must be contiguous or channels_last as returned by the training op");
   const at::Tensor g = bn::like_layout(grad_out, l);
   at::Tensor out = at::empty_like(l.x);
-  const int64_t numel = l.x.numel();
-  if (numel == 0) return out;
-  const int device = l.x.get_device();
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
-  const unsigned blocks = linear_blocks(numel, device);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, l.x.scalar_type(), "cbr_mask_grad",
-                                  [&] {
-    const scalar_t* gp = g.data_ptr<scalar_t>();
-    scalar_t* op_ = out.data_ptr<scalar_t>();
-    const uint8_t* mp = mask.data_ptr<uint8_t>();
-    if (aligned16(gp) && aligned16(op_)) {
-      cbr_mask_grad<scalar_t, true><<<blocks, kThreads, 0, stream>>>(gp, mp, op_, numel);
-    } else {
-      cbr_mask_grad<scalar_t, false><<<blocks, kThreads, 0, stream>>>(gp, mp, op_, numel);
-    }
-  });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch_mask_grad(g, mask, out);
   return out;
 }
 

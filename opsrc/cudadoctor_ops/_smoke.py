@@ -271,6 +271,12 @@ def _conv_bn_relu_cases():
         _cbr_case("train_bwd_residual_channels_last_fp16", 2, 8, 16, 6, 10, 3, training=True, backward=True,
                   dtype=torch.float16, channels_last=True, conv_bias=False, residual=True),
         _cbr_case("eval_fwd_residual", 2, 4, 8, 7, 9, 3, training=False, backward=False, residual=True),
+        # a channels_last tail past the one-launch backward kernels (a 34.1 MB float32 output): the
+        # backward's three launches, whose apply kernel (bn_bwd_apply_nhwc) also writes the
+        # residual's gradient. Depthwise, so that the sanitizers spend their time on these kernels
+        # rather than on a large convolution
+        _cbr_case("train_bwd_residual_channels_last_three_launch", 2, 8, 8, 730, 730, 3, training=True,
+                  backward=True, groups=8, channels_last=True, conv_bias=False, residual=True),
     ]
 
 

@@ -370,11 +370,27 @@ def test_conv_backward_on_two_streams(layout, deterministic_cudnn, monkeypatch):
                            1, 1, 1, 1)
         return torch.autograd.grad(out, [xg, *params], gy)
 
+    def kernel_streams():
+        """The gradients of one step and the streams its GPU activities ran on."""
+        from torch._C._autograd import DeviceType
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            grads = step()
+            torch.cuda.synchronize()
+        events = prof.profiler.kineto_results.events()
+        # a CUDA activity's resource id is its stream
+        return grads, {e.device_resource_id() for e in events if e.device_type() == DeviceType.CUDA}
+
     gy = torch.randn_like(F.conv2d(x, conv.weight, None, 1, 1))
     monkeypatch.setenv("CUDADOCTOR_OPS_CBR_BWD_STREAMS", "0")
-    one = step()
+    one, streams_one = kernel_streams()
     monkeypatch.setenv("CUDADOCTOR_OPS_CBR_BWD_STREAMS", "1")
-    two = step()
+    two, streams_two = kernel_streams()
+    # the switch really moves work: one stream without it, a second one (the weight gradient's)
+    # with it
+    assert len(streams_one) == 1, streams_one
+    assert len(streams_two) == 2 and streams_one < streams_two, (streams_one, streams_two)
     for a, b in zip(one, two):
         assert torch.equal(a, b)
     side = torch.cuda.Stream()
