@@ -407,6 +407,31 @@ def test_conv_backward_on_two_streams(layout, deterministic_cudnn, monkeypatch):
         assert torch.equal(a, b)
 
 
+@gpu
+@pytest.mark.gpu
+def test_backward_refuses_a_mask_it_cannot_read():
+    """conv_bn_relu_backward reads the mask's bytes in memory order on the output's device: a
+    non-contiguous mask (same number of bytes) or one on the CPU is refused with the argument
+    named, and the mask the training op returned is taken."""
+    x, conv, bn = _make(CASES[0], torch.float16, "channels_last", "cuda")
+    w, g, b = (t.detach() for t in (conv.weight, bn.weight, bn.bias))
+    args = ([1, 1], [1, 1], [1, 1], 1)
+    out, conv_out, mean, invstd, mask = ops.conv_bn_relu_train(x, w, None, g, b, 1e-5, *args)
+    gy = torch.randn_like(out)
+
+    def backward(m):
+        return ops.conv_bn_relu_backward(gy, x, w, conv_out, g, mean, invstd, m, *args,
+                                         [True, True, False, True, True])
+
+    strided = torch.stack([mask, mask], 1)[:, 0]
+    assert not strided.is_contiguous() and strided.numel() == mask.numel()
+    for bad in (strided, mask.cpu()):
+        with pytest.raises(RuntimeError, match="mask must be the uint8 mask returned by conv_bn_relu_train"):
+            backward(bad)
+    gi = backward(mask)[0]
+    assert gi.shape == x.shape and torch.isfinite(gi).all()
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_residual_bad_arguments(device):
     x, conv, bn = _make(CASES[0], torch.float32, "nchw", device)
