@@ -37,6 +37,8 @@
          build, which runs only with COLV=0 at stride 1;
          also settable: CUDADOCTOR_OPS_DW_V2_ASYNC=0 (tiles staged through registers),
          _ROWS=8 / 4 / 2 (4 for float32 only))
+    dwn4 the same float32 NCHW cases, default against CUDADOCTOR_OPS_DW_V2_ROWS=4, each setting twice
+         (interleaved)
     dww  depthwise channels_last weight gradient alone (CUDADOCTOR_OPS_DW_WGRAD_SMEM=0 / 1, _PF), against
          torch's convolution_backward for the weight alone
 
@@ -82,6 +84,9 @@ DWN_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_V2_ROWS": "2"}, {"CUDADOCTOR_OPS_DW_V2_C
                 {"CUDADOCTOR_OPS_DW_V2_LEAN": "1", "CUDADOCTOR_OPS_DW_V2_COLV": "0"}]
 DWN_CASES = [(1, 64, 128, 128, 3), (8, 64, 128, 128, 3), (1, 256, 128, 128, 3), (32, 12, 112, 112, 5),
              (64, 32, 112, 112, 3)]
+# dwn4: the same cases, default against 4-row tiles (the default takes 2 rows where 8-row tiles
+# leave fewer than 256 blocks, e.g. (1,64,128,128)), each twice, interleaved
+DWN4_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_V2_ROWS": "4"}, {}, {"CUDADOCTOR_OPS_DW_V2_ROWS": "4"}]
 DWB_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "0"}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "1"},
                 {"CUDADOCTOR_OPS_DW_WGRAD_V1": "1", "CUDADOCTOR_OPS_DW_DGRAD_V1": "1", "CUDADOCTOR_OPS_DW_V4": "0"}]
 
@@ -304,9 +309,9 @@ def main(argv: list[str]) -> int:
     for part in parts:
         settings = {"bn": BN_SETTINGS, "bnf": BNF_SETTINGS, "bns": BNS_SETTINGS, "bnp": BNP_SETTINGS, "bnnr": BNNR_SETTINGS,
                     "cbr": CBR_SETTINGS, "cbrb": CBRB_SETTINGS, "cbrs": CBRS_SETTINGS,
-                    "dw": DW_SETTINGS, "dwn": DWN_SETTINGS,
+                    "dw": DW_SETTINGS, "dwn": DWN_SETTINGS, "dwn4": DWN4_SETTINGS,
                     "dwb": DWB_SETTINGS, "dwb4": DWB4_SETTINGS, "dww": DWW_SETTINGS}[part]
-        child = {"dwb4": "dwb"}.get(part, part)
+        child = {"dwb4": "dwb", "dwn4": "dwn"}.get(part, part)
         results = [(_label(env), _run(child, env)) for env in settings]
         results = [(lab, r) for lab, r in results if r]
         if not results:
