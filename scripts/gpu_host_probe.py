@@ -1,7 +1,7 @@
 """Host time against GPU time of one call: Conv+BN+ReLU blocks (fused and eager) and a ResNet-50 step.
 
-    python scripts/gpu_host_probe.py [blocks] [resnet] [profile] [torchprof] [kernels] [streams]
-                                     [resgrad] [bs=N ...]
+    python scripts/gpu_host_probe.py [blocks] [resnet] [profile] [torchprof] [blockprof] [kernels]
+                                     [streams] [resgrad] [bs=N ...]
 
 Each call is issued while the GPU is held by a sleep kernel, so nothing the call queues can block
 the host: "host ms" is the wall time of the Python call (launches, dispatch, allocation), "gpu ms"
@@ -9,6 +9,7 @@ the time between CUDA events recorded around it (the queued kernels back to back
 host time exceeds its GPU time is host-bound in an eager loop; a host time near the sleep means
 the call synchronised. `profile` prints cProfile's top entries for the fused calls; `torchprof`
 torch.profiler's self CPU time per op (and CUDA runtime call) over three ResNet-50 steps;
+`blockprof` the same over five forward+backward calls of each headline block, fused and eager;
 `kernels` the GPU time per kernel over two steps of the fused model with and without the block
 tails fused. `streams` / `resgrad` add to `resnet` a fused model whose steps run with the
 convolution's backward on two streams / the residual's gradient in its own pass (instead of the
@@ -227,6 +228,33 @@ def kernels(batch: int = 128, top: int = 30) -> None:
         torch.cuda.empty_cache()
 
 
+def block_profile(top: int = 30) -> None:
+    """torch.profiler of 5 forward+backward calls of each headline block, fused and eager: self CPU
+    time per op and CUDA runtime call, each call issued behind a sleep kernel (so a launch never
+    waits on a full queue and a synchronising call shows as such)."""
+    from torch.profiler import ProfilerActivity, profile as tprofile
+
+    for shape, k, st, dt, lay in B.HEADLINE:
+        x, eager, fused = B._blocks(shape, k, st, B._DT[dt], lay)
+        xg = x.detach().requires_grad_(True)
+        gy = torch.randn_like(eager(xg))
+        for name, m in (("fused", fused), ("eager", eager)):
+            m.train()
+            for _ in range(3):
+                m(xg).backward(gy)
+            torch.cuda.synchronize()
+            with tprofile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    B.gpu_sleep(5)
+                    m(xg).backward(gy)
+                    torch.cuda.synchronize()
+            print(f"\n### torch.profiler {name} fwd+bwd {shape}->{k} {dt} {lay}, 5 calls, by self CPU time\n```")
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top, max_name_column_width=60))
+            print("```", flush=True)
+        del x, xg, eager, fused, gy
+        torch.cuda.empty_cache()
+
+
 def main(argv) -> int:
     parts = {a for a in argv if not a.startswith("bs=")} or {"blocks", "resnet"}
     bs = [int(a[3:]) for a in argv if a.startswith("bs=")]
@@ -241,6 +269,8 @@ def main(argv) -> int:
         kernels(bs[0] if bs else 128)
     if "torchprof" in parts:
         torch_profile()
+    if "blockprof" in parts:
+        block_profile()
     return 0
 
 

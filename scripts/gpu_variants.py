@@ -39,6 +39,10 @@
          _ROWS=8 / 4 / 2 (4 for float32 only))
     dwn4 the same float32 NCHW cases, default against CUDADOCTOR_OPS_DW_V2_ROWS=4, each setting twice
          (interleaved)
+    dwh  depthwise channels_last forward (the automatic choice only), default against
+         CUDADOCTOR_OPS_DW_V4_HOIST=0 / 1 (nhwc_v4's first kernel row loaded before or after the
+         weight barrier everywhere), each twice, interleaved
+    dwbh the same settings for the channels-last backward
     dww  depthwise channels_last weight gradient alone (CUDADOCTOR_OPS_DW_WGRAD_SMEM=0 / 1, _PF), against
          torch's convolution_backward for the weight alone
 
@@ -91,6 +95,12 @@ DWB_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "0"}, {"CUDADOCTOR_OPS_DW_W
                 {"CUDADOCTOR_OPS_DW_WGRAD_V1": "1", "CUDADOCTOR_OPS_DW_DGRAD_V1": "1", "CUDADOCTOR_OPS_DW_V4": "0"}]
 
 DWB4_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_V4_CFG": "4"}]
+# dwh / dwbh: the channels-last forward (automatic choice only) / backward, default (the hoisted
+# first kernel row by shape) against CUDADOCTOR_OPS_DW_V4_HOIST=0 and =1, each twice, interleaved
+_H0 = {"CUDADOCTOR_OPS_DW_V4_HOIST": "0"}
+_H1 = {"CUDADOCTOR_OPS_DW_V4_HOIST": "1"}
+DWH_SETTINGS = [{}, _H0, _H1, {}, _H0, _H1]
+DWBH_SETTINGS = [{}, _H0, _H1, {}, _H0, _H1]
 DWW_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "0"}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "1"}, {"CUDADOCTOR_OPS_DW_WGRAD_PF": "1"},
                 {"CUDADOCTOR_OPS_DW_WGRAD_PF": "2"}]
 
@@ -245,7 +255,7 @@ def _child(part: str) -> None:
             out.append([f"dw bwd k{k} {(n, c, h, w_)} float32 nchw", timer(b_ours), timer(b_torch), okb])
             del x, wt, g
             torch.cuda.empty_cache()
-    elif part in ("dw", "dwb", "dww"):
+    elif part in ("dw", "dwa", "dwb", "dww"):
         for _, n, c, h, w_, k, s in MOBILE_LAYERS:
             for dt in (torch.float16, torch.bfloat16):
                 x = torch.randn(n, c, h, w_, device="cuda", dtype=dt).to(memory_format=torch.channels_last)
@@ -253,7 +263,7 @@ def _child(part: str) -> None:
                 p = k // 2
                 st, pd, dl = [s, s], [p, p], [1, 1]
                 ref = F.conv2d(x, wt, None, s, p, 1, c)
-                what = {"dw": "fwd", "dwb": "bwd", "dww": "wgrad"}[part]
+                what = {"dw": "fwd", "dwa": "fwd", "dwb": "bwd", "dww": "wgrad"}[part]
                 name = f"dw {what} k{k}s{s} {(n, c, h, w_)} {str(dt)[6:]}"
                 if part == "dw":
                     row = [name]
@@ -262,6 +272,10 @@ def _child(part: str) -> None:
                         row += [timer(f), err(f(), ref) < 2e-2]
                     row.append(timer(lambda: F.conv2d(x, wt, None, s, p, 1, c)))
                     out.append(row)
+                elif part == "dwa":
+                    f = lambda: ops.depthwise_conv2d(x, wt, None, st, pd, dl)  # noqa: E731
+                    ok = err(f(), ref) < 2e-2
+                    out.append([name, timer(f), timer(lambda: F.conv2d(x, wt, None, s, p, 1, c)), ok])
                 elif part == "dww":
                     g = torch.randn_like(ref)
 
@@ -310,8 +324,9 @@ def main(argv: list[str]) -> int:
         settings = {"bn": BN_SETTINGS, "bnf": BNF_SETTINGS, "bns": BNS_SETTINGS, "bnp": BNP_SETTINGS, "bnnr": BNNR_SETTINGS,
                     "cbr": CBR_SETTINGS, "cbrb": CBRB_SETTINGS, "cbrs": CBRS_SETTINGS,
                     "dw": DW_SETTINGS, "dwn": DWN_SETTINGS, "dwn4": DWN4_SETTINGS,
-                    "dwb": DWB_SETTINGS, "dwb4": DWB4_SETTINGS, "dww": DWW_SETTINGS}[part]
-        child = {"dwb4": "dwb", "dwn4": "dwn"}.get(part, part)
+                    "dwb": DWB_SETTINGS, "dwb4": DWB4_SETTINGS, "dww": DWW_SETTINGS,
+                    "dwh": DWH_SETTINGS, "dwbh": DWBH_SETTINGS}[part]
+        child = {"dwb4": "dwb", "dwn4": "dwn", "dwh": "dwa", "dwbh": "dwb"}.get(part, part)
         results = [(_label(env), _run(child, env)) for env in settings]
         results = [(lab, r) for lab, r in results if r]
         if not results:

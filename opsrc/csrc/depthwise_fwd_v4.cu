@@ -22,6 +22,9 @@
 // once and every further use is an L1 hit. No input goes through shared
 // memory.
 //
+// HOIST (chosen per launch: v4_auto_hoist): each thread loads its first kernel row inside the
+// image before the weight staging and its barrier, so that the two latencies overlap.
+//
 // Weights: the block's CB*8 channels x K*K taps, staged once as float32 in
 // shared memory as [channel vector][tap][8] (each vector's taps padded by 4
 // floats so that 8 consecutive channel vectors read 8 disjoint bank quads);
@@ -69,7 +72,7 @@ __device__ __forceinline__ void v4_unpack(const uint4& raw, float (&v)[kV4Vec]) 
   for (int k = 0; k < kV4Vec; ++k) v[k] = static_cast<float>(e[k]);
 }
 
-template <typename T, int K, int S, int RW, int NT, int MINB>
+template <typename T, int K, int S, int RW, int NT, int MINB, bool HOIST>
 __global__ void __launch_bounds__(NT, MINB)
     fwd_nhwc_v4(const T* __restrict__ in, const T* __restrict__ w,
                 const T* __restrict__ bias, T* __restrict__ out, const V4Args a) {
@@ -95,6 +98,33 @@ __global__ void __launch_bounds__(NT, MINB)
   const int c0 = chunk * a.CB * V;       // first channel of the block
   const int nvalid = min(a.CB * V, a.C - c0);  // channels of the block inside C (multiple of 8)
 
+  // HOIST: the first kernel row inside the image is loaded before the weight staging and its
+  // barrier, so that its latency overlaps the weights' (the row loop below skips its load).
+  uint4 raw[NCOL];
+  int iyh = -1;  // the hoisted row
+  if constexpr (HOIST) {
+    const int cv = tid % a.CB;
+    const int pos = tid / a.CB;
+    const int c = c0 + cv * V;
+    const int gy = pos / a.GX;
+    const int oy = tyt * a.GY + gy;
+    const int ox0 = (txt * a.GX + (pos - gy * a.GX)) * RW;
+    const int iy0 = oy * S - a.PH;
+    const int row = max(iy0, 0);
+    if (pos < a.GX * a.GY && c < a.C && oy < a.Ho && ox0 < a.Wo && row < min(iy0 + K, a.H)) {
+      iyh = row;
+      const int ixb = ox0 * S - a.PW;
+      const uint4* rp = reinterpret_cast<const uint4*>(
+          in + static_cast<int64_t>(n) * a.H * a.W * a.C + ((row * a.W + ixb) * a.C + c));
+#pragma unroll
+      for (int j = 0; j < NCOL; ++j) {
+        raw[j] = make_uint4(0u, 0u, 0u, 0u);
+        if (static_cast<unsigned>(ixb + j) < static_cast<unsigned>(a.W)) raw[j] = __ldg(rp);
+        rp += a.C / V;
+      }
+    }
+  }
+
   // 1. Weights and bias of the block's channels (only those below C: the
   //    threads of channels past C return before reading any).
   {
@@ -102,9 +132,9 @@ __global__ void __launch_bounds__(NT, MINB)
     if (a.wvec) {
       const int nv = nvalid * KK / V;  // nvalid % 8 == 0
       for (int i = tid; i < nv; i += nthr) {
-        const uint4 raw = __ldg(reinterpret_cast<const uint4*>(wc) + i);
+        const uint4 wv = __ldg(reinterpret_cast<const uint4*>(wc) + i);
         float f[V];
-        v4_unpack<T>(raw, f);
+        v4_unpack<T>(wv, f);
 #pragma unroll
         for (int k = 0; k < V; ++k) {
           const int el = i * V + k;
@@ -175,13 +205,14 @@ __global__ void __launch_bounds__(NT, MINB)
 #pragma unroll 1
   for (int iy = iy0; iy < iy0 + K; ++iy, roff += rowstride, wrow += K * V) {
     if (static_cast<unsigned>(iy) >= static_cast<unsigned>(a.H)) continue;
-    const uint4* rp = reinterpret_cast<const uint4*>(in_n + roff);
-    uint4 raw[NCOL];
+    if (!HOIST || iy != iyh) {
+      const uint4* rp = reinterpret_cast<const uint4*>(in_n + roff);
 #pragma unroll
-    for (int j = 0; j < NCOL; ++j) {
-      raw[j] = make_uint4(0u, 0u, 0u, 0u);
-      if ((colok >> j) & 1u) raw[j] = __ldg(rp);
-      rp += cstep;
+      for (int j = 0; j < NCOL; ++j) {
+        raw[j] = make_uint4(0u, 0u, 0u, 0u);
+        if ((colok >> j) & 1u) raw[j] = __ldg(rp);
+        rp += cstep;
+      }
     }
 #pragma unroll
     for (int j = 0; j < NCOL; ++j) {
@@ -266,6 +297,27 @@ int v4_cfg() {
   static const int cfg = env_choice("CUDADOCTOR_OPS_DW_V4_CFG", {0, 1, 2, 3, 4}, -1);
   return cfg;
 }
+
+// Whether a thread issues its first kernel row's loads before the weight staging and its barrier
+// (HOIST), so that their latency overlaps the weights'. CUDADOCTOR_OPS_DW_V4_HOIST=0 / 1 forces it
+// (read once); by default on at stride 2 (K <= 5) and for 3x3 at stride 1 with output rows of 56
+// pixels or more. H200, `scripts/gpu_variants.py dwh dwbh`, 2026-12-01, float16 / bfloat16, batch-64
+// MobileNetV2 / EfficientNet-B0 layers, us, without / with, two interleaved children each: 3x3
+// stride 2 (64,96,112,112) 67.0, 67.4 / 59.7, 59.2 (cuDNN 78.8), (64,144,56,56) 34.2, 33.9 / 30.8,
+// 31.4; 3x3 stride 1 (64,144,56,56) 56.9, 56.8 / 52.7, 52.5 (cuDNN 59.8), (64,32,112,112) 45.2,
+// 45.3 / 44.1, 43.3; 5x5 stride 2 (64,144,56,56) 49.1, 48.9 / 47.1, 47.0. Slower where the rows
+// are short or the kernel 5x5 at stride 1: 3x3 (64,576,14,14) bf16 19.1, 19.7 / 20.6, 20.5, 5x5
+// (64,240,28,28) bf16 42.6, 42.4 / 44.9, 44.7, and (64,1152,7,7) 20.0, 19.2 / 20.7, 20.6 (there
+// ptxas spills 88-100 bytes at 96 registers with the hoisted row live across the staging loop);
+// 3x3 on 7x7 and 28x28 planes within noise either way. The backward's stride-1 input gradient
+// (this kernel on the flipped filter) moved by the same rule: (64,144,56,56) 130.8, 128.4 /
+// 125.8, 127.0 us, the others within noise.
+int v4_hoist_setting() {
+  static const int v = env_choice("CUDADOCTOR_OPS_DW_V4_HOIST", {0, 1}, -1);
+  return v;
+}
+
+bool v4_auto_hoist(int K, int S, int Wo) { return K <= 5 && (S == 2 || (K == 3 && Wo >= 56)); }
 
 int v4_auto_cfg(int K, int S, int Wo) {
   if (S == 1 && K <= 5 && Wo % 7 == 0 && Wo >= 14 && Wo <= 28) return 4;
@@ -390,7 +442,11 @@ bool run_nhwc_v4(const void* in, const void* w, const void* bias, void* out,
   if (!v4_plan(s, K, S, RW, NT, a, threads, blocks, smem)) return false;
   a.flip = flip;
   a.wvec = (reinterpret_cast<uintptr_t>(w) & 15u) == 0;
-  fwd_nhwc_v4<T, K, S, RW, NT, MINB><<<static_cast<unsigned>(blocks), threads, smem, stream>>>(
+  const int hs = v4_hoist_setting();
+  const bool hoist = hs >= 0 ? hs == 1 : v4_auto_hoist(K, S, s.Wo);
+  auto kernel = hoist ? fwd_nhwc_v4<T, K, S, RW, NT, MINB, true>
+                      : fwd_nhwc_v4<T, K, S, RW, NT, MINB, false>;
+  kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(
       static_cast<const T*>(in), static_cast<const T*>(w), static_cast<const T*>(bias),
       static_cast<T*>(out), a);
   return true;

@@ -17,8 +17,10 @@ move by 10% between rounds; batch 128 is GPU-bound and repeats to within 1%.
 Two times per layer kind. The plain row ("train fwd", "fwd+bwd", "eval fwd") times one call of the
 Python module with the shared timer, which flushes L2 before every call: it includes whatever host
 time (Python, dispatch, launches) the flush kernel does not hide, so it moves between processes when
-a call's host time is longer than the flush. The "(graph)" row times a replay of one call captured
-in a CUDA graph with the same timer: the GPU time of the same kernels, without host time.
+a call's host time is longer than the flush. Ours and eager are timed in the order ours, eager,
+eager, ours, each side keeping the lower of its two medians (``pair_ms``, as in the shared bench).
+The "(graph)" row times a replay of one call captured in a CUDA graph with the same timer: the GPU
+time of the same kernels, without host time.
 
 The ResNet-50 images/s are measured in interleaved rounds (eager then fused, the order alternating
 per round) and reported as the median over rounds with the min-max range, so that a drift of the
@@ -184,6 +186,16 @@ def graph_ms(timer, fn, errors: list | None = None, stream=None, attempts: int =
     return None
 
 
+def pair_ms(timer, ours_fn, eager_fn) -> tuple[float, float]:
+    """(ours, eager) ms. With the shared bench Timer, its ``pair``: each side timed twice in the
+    order ours, eager, eager, ours and its lower median kept, so that neither side gains from going
+    second; a plain timer function times each once."""
+    pair = getattr(timer, "pair", None)
+    if pair is not None:
+        return pair(ours_fn, eager_fn)
+    return timer(ours_fn), timer(eager_fn)
+
+
 def graph_pair_into(res: dict, kind: str, timer, ours_fn, eager_fn) -> None:
     """res[kind + " (graph)"] = (ours, eager) replay ms when both captured; a side whose capture
     failed for good gets its last error in res["graph_error"] (one that failed once and then
@@ -238,9 +250,9 @@ def bench_case(timer, shape, k, stride, dt, layout, compile_block: bool) -> dict
         )
     )
     del y0
-    res["train fwd"] = (timer(fwd(fused)), timer(fwd(eager)))
+    res["train fwd"] = pair_ms(timer, fwd(fused), fwd(eager))
     graph_pair("train fwd", fwd(fused), fwd(eager))
-    res["fwd+bwd"] = (timer(fwd_bwd(fused)), timer(fwd_bwd(eager)))
+    res["fwd+bwd"] = pair_ms(timer, fwd_bwd(fused), fwd_bwd(eager))
     # the timed calls above allocated the .grad tensors; replays accumulate into them
     graph_pair("fwd+bwd", fwd_bwd(fused), fwd_bwd(eager))
     if compile_block:
@@ -261,7 +273,7 @@ def bench_case(timer, shape, k, stride, dt, layout, compile_block: bool) -> dict
     eager.eval()
     fused.eval()
     with torch.no_grad():
-        res["eval fwd"] = (timer(lambda: fused(x)), timer(lambda: eager(x)))
+        res["eval fwd"] = pair_ms(timer, lambda: fused(x), lambda: eager(x))
         graph_pair("eval fwd", lambda: fused(x), lambda: eager(x))
         from .conv_bn_relu import _TUNED
 

@@ -203,6 +203,28 @@ def test_graph_pair_reports_only_final_capture_failures(bc, monkeypatch):
     assert res == {"fwd+bwd (graph)": (0.5, 0.75)}
 
 
+def test_pair_ms_times_both_sides_symmetrically(bc):
+    # a timer with pair(): ours, eager, eager, ours, each side's lower time kept
+    order = []
+    times = {"ours": iter([2.0, 1.5]), "eager": iter([3.0, 3.5])}
+
+    class Timer:
+        def __call__(self, fn):
+            order.append(fn)
+            return next(times[fn])
+
+        def pair(self, ours, theirs):
+            o1, t1, t2, o2 = self(ours), self(theirs), self(theirs), self(ours)
+            return min(o1, o2), min(t1, t2)
+
+    assert bc.pair_ms(Timer(), "ours", "eager") == (1.5, 3.0)
+    assert order == ["ours", "eager", "eager", "ours"]
+    # a plain timer function: each side once, ours first
+    seen = []
+    assert bc.pair_ms(lambda fn: seen.append(fn) or {"ours": 1.0, "eager": 2.0}[fn], "ours", "eager") == (1.0, 2.0)
+    assert seen == ["ours", "eager"]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_graph_ms_times_a_replay(bc):
     x = torch.ones(1 << 20, device="cuda")

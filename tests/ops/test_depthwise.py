@@ -807,13 +807,24 @@ def _v4_env_cfg():
     return int(v) if v in ("0", "1", "2", "3", "4") else None
 
 
-def _v4_kernel_tag(dtype, k, s, cfg):
-    """The template arguments of the fwd_nhwc_v4 instantiation that configuration cfg runs."""
+def _v4_hoist(k, s, wo):
+    """Whether nhwc_v4 loads a thread's first kernel row before the weight barrier: forced by
+    CUDADOCTOR_OPS_DW_V4_HOIST=0 / 1 in this process, else by shape (mirrors v4_auto_hoist)."""
+    v = os.environ.get("CUDADOCTOR_OPS_DW_V4_HOIST", "")
+    if v in ("0", "1"):
+        return v == "1"
+    return k <= 5 and (s == 2 or (k == 3 and wo >= 56))
+
+
+def _v4_kernel_tag(dtype, k, s, cfg, wo):
+    """The template arguments of the fwd_nhwc_v4 instantiation that configuration cfg runs for
+    output rows of wo pixels."""
     t = "c10::Half" if dtype == torch.float16 else "c10::BFloat16"
     if cfg == 4 and s != 1:
         cfg = 1  # configuration 4 is 1 at stride 2
     nt, minb = {0: (128, 8), 1: (128, 5), 2: (256, 4), 3: (128, 3), 4: (128, 3)}[cfg]
-    return f"fwd_nhwc_v4<{t}, {k}, {s}, {_v4_rw(k, s, cfg)}, {nt}, {minb}>"
+    hoist = "true" if _v4_hoist(k, s, wo) else "false"
+    return f"fwd_nhwc_v4<{t}, {k}, {s}, {_v4_rw(k, s, cfg)}, {nt}, {minb}, {hoist}>"
 
 
 def _v4_forward_errors(dtype, k, s, h, w, c, n=2, pads=None, impls=("nhwc_v4", "auto"), seed=7):
@@ -878,6 +889,28 @@ def _v4_sweep():
         for k, h, w, c in V4_BWD:
             errs += _v4_backward_errors(dtype, k, h, w, c)
     return errs
+
+
+def _v4_instantiation_failures(kernel_names, label, plane_sizes, cfg=None, hoist=None):
+    """For every dtype and (k, stride) of this section on square planes of each size in
+    plane_sizes: the fwd_nhwc_v4 instantiation impl="nhwc_v4" should run (configuration cfg, or
+    the one chosen by shape), checked against the kernel names the profiler recorded
+    (kernel_names(fn), None where the profiler is unavailable). hoist: the first-row hoist the
+    expected instantiation must have (True / False), or None for no such check. Returns the
+    failures, each prefixed with label."""
+    failures = []
+    for dtype in V4_DTYPES:
+        for k, s in V4_KS:
+            for hw in plane_sizes:
+                x, wt, b = _v3_tensors(2, 16, hw, hw, k, dtype, True)
+                wo = (hw + 2 * (k // 2) - k) // s + 1
+                tag = _v4_kernel_tag(dtype, k, s, _v4_auto_cfg(k, s, wo) if cfg is None else cfg, wo)
+                if hoist is not None and tag.endswith("true>") != hoist:
+                    failures.append(f"{label}: the expected kernel {tag} disagrees with the setting")
+                keys = kernel_names(lambda: depthwise_conv2d(x, wt, b, s, k // 2, impl="nhwc_v4"))
+                if keys and any("fwd" in key for key in keys) and not any(tag in key for key in keys):
+                    failures.append(f"{label}: {tag} did not run; kernels: {keys}")
+    return failures
 
 
 needs_v4 = pytest.mark.skipif(not V4_AVAILABLE, reason="this build has no nhwc_v4 impl")
@@ -963,7 +996,7 @@ def test_nhwc_v4_kernel_runs_where_it_applies(dtype):
         cfg = _v4_env_cfg()
         if cfg is None:
             cfg = _v4_auto_cfg(3, 1, 14)  # names() runs 14x14 planes
-        tag = _v4_kernel_tag(dtype, 3, 1, cfg)
+        tag = _v4_kernel_tag(dtype, 3, 1, cfg, 14)
         assert any(tag in n for n in got), (tag, got)
     # C % 8 != 0 and a 2-byte offset: never the 16-byte kernel.
     for c, offset in ((12, 0), (16, 1)):
@@ -1005,17 +1038,24 @@ def kernel_names(fn):
 
 
 cfg = int(os.environ["CUDADOCTOR_OPS_DW_V4_CFG"])
-failures = t._v4_sweep()
-for dtype in t.V4_DTYPES:
-    for k, s in t.V4_KS:
-        x, wt, b = t._v3_tensors(2, 16, 14, 14, k, dtype, True)
-        keys = kernel_names(lambda: t.depthwise_conv2d(x, wt, b, s, k // 2, impl="nhwc_v4"))
-        tag = t._v4_kernel_tag(dtype, k, s, cfg)
-        if keys and any("fwd" in key for key in keys) and not any(tag in key for key in keys):
-            failures.append(f"cfg {cfg}: {tag} did not run; kernels: {keys}")
+failures = t._v4_sweep() + t._v4_instantiation_failures(kernel_names, f"cfg {cfg}", (14,), cfg=cfg)
 for f in failures:
     print("FAIL:", f, flush=True)
 print(f"done: cfg {cfg}, {len(failures)} failures", flush=True)
+sys.exit(1 if failures else 0)
+"""
+
+# One child process per CUDADOCTOR_OPS_DW_V4_HOIST value (the configuration chosen by shape): the
+# whole sweep, and a check that the kernel with or without the hoisted first row is the one that
+# runs, on 14x14 planes (by default without at stride 1, with at stride 2) and 56x56 ones (by
+# default with at 3x3).
+_V4_HOIST_SCRIPT = _V4_CHILD_SCRIPT[: _V4_CHILD_SCRIPT.index("cfg = int(")] + r"""
+hoist = os.environ["CUDADOCTOR_OPS_DW_V4_HOIST"]
+failures = t._v4_sweep() + t._v4_instantiation_failures(kernel_names, f"hoist {hoist}", (14, 56),
+                                                        hoist=hoist == "1")
+for f in failures:
+    print("FAIL:", f, flush=True)
+print(f"done: hoist {hoist}, {len(failures)} failures", flush=True)
 sys.exit(1 if failures else 0)
 """
 
@@ -1062,6 +1102,14 @@ def test_nhwc_v4_every_config_in_subprocess(cfg):
     proc, report = _run_child_env(_V4_CHILD_SCRIPT, {"CUDADOCTOR_OPS_DW_V4_CFG": str(cfg)})
     assert proc.returncode >= 0, f"child killed by signal {-proc.returncode}:\n{report}"
     assert proc.returncode == 0 and f"done: cfg {cfg}, 0 failures" in proc.stdout, report
+
+
+@needs_v4
+@pytest.mark.parametrize("hoist", ["0", "1"])
+def test_nhwc_v4_hoist_setting_in_subprocess(hoist):
+    proc, report = _run_child_env(_V4_HOIST_SCRIPT, {"CUDADOCTOR_OPS_DW_V4_HOIST": hoist})
+    assert proc.returncode >= 0, f"child killed by signal {-proc.returncode}:\n{report}"
+    assert proc.returncode == 0 and f"done: hoist {hoist}, 0 failures" in proc.stdout, report
 
 
 @needs_v4
