@@ -28,7 +28,9 @@
 # machine, then over 250 s once the switch tests of the depthwise weight gradient, bn_tile_nhwc's
 # merge batch and Conv+BN+ReLU's contiguous forward were added; T_TESTS defaults to 490: 361 s on 2026-11-30 with
 # smoke alongside, then past 420 s (97% done) once the graph bench test passed, 350 s again later that day;
-# the build took 77-104 s, so build + tests fit one 600 s call only with T_TESTS <= 480).
+# the build took 77-104 s, so build + tests fit one 600 s call only with T_TESTS <= 480; on 2026-12-01
+# tests/ops took 441 s, then, with the two hoist children added, had 2592 of its results in at 450 s,
+# after a 130 s build: run `tests` in a call of its own on a warm machine, or split TEST_PATHS).
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
