@@ -99,7 +99,10 @@ __global__ void __launch_bounds__(NT, MINB)
   const int nvalid = min(a.CB * V, a.C - c0);  // channels of the block inside C (multiple of 8)
 
   // HOIST: the first kernel row inside the image is loaded before the weight staging and its
-  // barrier, so that its latency overlaps the weights' (the row loop below skips its load).
+  // barrier, so that its latency overlaps the weights' (the row loop below skips its load). The
+  // thread's position is worked out here for the hoisted kernels only and again after the barrier
+  // for all: computed once before the staging, it changed the non-hoisted kernels' register
+  // allocation (ptxas spilled 4-8 bytes at 5x5 stride 1).
   uint4 raw[NCOL];
   int iyh = -1;  // the hoisted row
   if constexpr (HOIST) {
