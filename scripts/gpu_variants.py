@@ -37,6 +37,10 @@
          build, which runs only with COLV=0 at stride 1;
          also settable: CUDADOCTOR_OPS_DW_V2_ASYNC=0 (tiles staged through registers),
          _ROWS=8 / 4 / 2 (4 for float32 only))
+    bnst BatchNorm channels_last float16 / bfloat16 backward (no ReLU, all gradients), eager and
+         CUDA-graph replay, on tensors past the stash of bn_bwd_tile_nhwc: default (its streamed
+         variant up to 128 MiB) against CUDADOCTOR_OPS_BN_BWD_STREAM=0 (bn_bwd_fused_nhwc up to 32
+         MiB, else reduce -> finalize -> apply), each twice, interleaved
     dwn4 the same float32 NCHW cases, default against CUDADOCTOR_OPS_DW_V2_ROWS=4, each setting twice
          (interleaved)
     dwh  depthwise channels_last forward (the automatic choice only), default against
@@ -73,6 +77,10 @@ BNP_SHAPES = [(64, 256, 14, 14), (64, 512, 7, 7), (64, 128, 28, 28), (32, 64, 56
 BNP_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_BWD_TILE_STASH": "0"}, {"CUDADOCTOR_OPS_BN_BWD_TILE_CT": "32"},
                 {"CUDADOCTOR_OPS_BN_BWD_TILE": "0"}]
 BNNR_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_FIN_BLOCK": "0"}, {"CUDADOCTOR_OPS_BN_BWD_NR": "0"}]
+BNST_SHAPES = [(64, 64, 56, 56), (64, 256, 28, 28), (64, 1024, 14, 14), (64, 128, 56, 56), (64, 512, 28, 28),
+               (256, 64, 56, 56), (64, 64, 112, 112), (64, 256, 56, 56)]
+_ST0 = {"CUDADOCTOR_OPS_BN_BWD_STREAM": "0"}
+BNST_SETTINGS = [{}, _ST0, {}, _ST0]
 CBR_CASES = [((32, 64, 56, 56), 64, "float16"), ((64, 128, 28, 28), 128, "bfloat16"),
              ((64, 64, 56, 56), 64, "bfloat16"), ((64, 256, 14, 14), 256, "bfloat16"),
              ((64, 512, 7, 7), 512, "bfloat16")]
@@ -167,11 +175,13 @@ def _child(part: str) -> None:
                     out.append([f"bn train fwd {shape} {str(dt)[6:]} nhwc (graph)",
                                 graph_ms(timer, ours) or float("nan"), graph_ms(timer, theirs) or float("nan"),
                                 e < 2e-2])
-    elif part in ("bnp", "bnnr"):
+    elif part in ("bnp", "bnnr", "bnst"):
         from cudadoctor_ops.bench_cbr import graph_ms
 
-        for shape in BNP_SHAPES if part == "bnp" else BN_SHAPES:
-            dt = torch.float16
+        cases = [(s_, torch.float16) for s_ in (BNP_SHAPES if part == "bnp" else BN_SHAPES)]
+        if part == "bnst":
+            cases = [(s_, d_) for s_ in BNST_SHAPES for d_ in (torch.float16, torch.bfloat16)]
+        for shape, dt in cases:
             # tensors from the CPU generator: CUDA random numbers after a graph capture of torch's
             # BatchNorm fail ("Offset increment outside graph capture")
             x = torch.randn(shape, dtype=dt).cuda().to(memory_format=torch.channels_last)
@@ -186,8 +196,9 @@ def _child(part: str) -> None:
             bo = lambda: torch.autograd.grad(yo, (xg, wg, bg), gy, retain_graph=True)  # noqa: E731
             bt = lambda: torch.autograd.grad(yt, (xg, wg, bg), gy, retain_graph=True)  # noqa: E731
             ok = all(err(a, b_) < 2e-2 for a, b_ in zip(bo(), bt()))
-            out.append([f"bn backward {shape} float16 nhwc", timer(bo), timer(bt), ok])
-            out.append([f"bn backward {shape} float16 nhwc (graph)", graph_ms(timer, bo) or float("nan"),
+            dn = str(dt)[6:]
+            out.append([f"bn backward {shape} {dn} nhwc", timer(bo), timer(bt), ok])
+            out.append([f"bn backward {shape} {dn} nhwc (graph)", graph_ms(timer, bo) or float("nan"),
                         graph_ms(timer, bt) or float("nan"), ok])
             if part == "bnnr":
                 # host time per call (no synchronisation in the loop; GPU time where that is longer)
@@ -322,6 +333,7 @@ def main(argv: list[str]) -> int:
     parts = argv or ["bn", "cbr", "dw", "dwb"]
     for part in parts:
         settings = {"bn": BN_SETTINGS, "bnf": BNF_SETTINGS, "bns": BNS_SETTINGS, "bnp": BNP_SETTINGS, "bnnr": BNNR_SETTINGS,
+                    "bnst": BNST_SETTINGS,
                     "cbr": CBR_SETTINGS, "cbrb": CBRB_SETTINGS, "cbrs": CBRS_SETTINGS,
                     "dw": DW_SETTINGS, "dwn": DWN_SETTINGS, "dwn4": DWN4_SETTINGS,
                     "dwb": DWB_SETTINGS, "dwb4": DWB4_SETTINGS, "dww": DWW_SETTINGS,

@@ -684,10 +684,15 @@ constexpr int kBwdTileThreads = 256;
 // 127-128 registers; float16 spills nothing), 6 for bfloat16 with the mask (124 bytes spilled at
 // 8, 40 at 6), 5 for bfloat16 with the mask in the stash variant (4 bytes spilled; bfloat16
 // without the mask spills 16 bytes there).
-template <typename T, bool M, int SR = 0>
+// The streamed variant (ST > 0, tensors whose rows no resident grid holds on chip): 4 rows in
+// registers, kBwdStreamStashRows in shared memory, the rest read in phase 1 and again in phase 3,
+// ST rows per batch (see bn_bwd_tile_nhwc).
+constexpr int kBwdStreamRegRows = 4;
+template <typename T, bool M, int SR = 0, int ST = 0>
 struct BwdTileMaxR {
   static constexpr int value =
-      (M && std::is_same<T, c10::BFloat16>::value) ? (SR > 0 ? 5 : 6) : 8;
+      ST > 0 ? kBwdStreamRegRows
+             : ((M && std::is_same<T, c10::BFloat16>::value) ? (SR > 0 ? 5 : 6) : 8);
 };
 constexpr int kBwdTileMB = 8;     // partials a thread loads at once in phase 2
 constexpr int kBwdTileMaxSplits = 256;
@@ -757,19 +762,42 @@ __device__ __forceinline__ Pack<T, V> dx_pack(const Pack<T, V>& px, const Pack<T
   return o;
 }
 
+// The streamed rows' packs of bn_bwd_tile_nhwc (ST > 0), all loads issued before any is used: x
+// and grad_out of rows r + u * step (u < ST) below `bound` (DOWN false, phase 1) or of rows
+// r - u * step at or above it (DOWN true, phase 3), and their mask bits (M). Rows outside are
+// left unset.
+template <typename T, int V, bool M, int ST, bool DOWN>
+__device__ __forceinline__ void load_stream_rows(const T* __restrict__ x, const T* __restrict__ dy,
+                                                 const uint8_t* mask, int64_t r, int64_t step,
+                                                 int64_t bound, int64_t C, int64_t cv,
+                                                 Pack<T, V> (&qx)[ST], Pack<T, V> (&qg)[ST],
+                                                 unsigned (&qb)[ST]) {
+#pragma unroll
+  for (int u = 0; u < ST; ++u) {
+    const int64_t rr = DOWN ? r - u * step : r + u * step;
+    qb[u] = 0;
+    if (DOWN ? rr >= bound : rr < bound) {
+      const int64_t off = rr * C + cv * V;
+      qx[u] = *reinterpret_cast<const Pack<T, V>*>(x + off);
+      qg[u] = *reinterpret_cast<const Pack<T, V>*>(dy + off);
+      if constexpr (M) qb[u] = mask_bits<V>(mask, off);
+    }
+  }
+}
+
 // SR > 0 (the stash): rows k = MAXR .. MAXR + SR - 1 of a thread live in dynamic shared memory,
 // x's pack at slot 2k and grad_out's at 2k + 1 of stash [2 * SR][THREADS] (the launcher passes
 // only the rows in use), copied there by cp.async before the register rows are loaded; phase 1
 // masks grad_out there in place (each thread touches only its own slots: no block barrier), phase
 // 3 reads both back. Their mask bytes are loaded with the register rows, 4 to a register.
-template <typename T, int CT, bool M, int SR = 0>
+template <typename T, int CT, bool M, int SR = 0, int ST = 0>
 __global__ void __launch_bounds__(kBwdTileThreads, 2)
     bn_bwd_tile_nhwc(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
                      BwdArgs<typename Acc<T>::type> f, typename Acc<T>::type* ws, int64_t R,
                      int64_t C) {
   using A = typename Acc<T>::type;
   constexpr int THREADS = kBwdTileThreads;
-  constexpr int MAXR = BwdTileMaxR<T, M, SR>::value;
+  constexpr int MAXR = BwdTileMaxR<T, M, SR, ST>::value;
   constexpr int V = 16 / int(sizeof(T));
   constexpr int TX = CT / V;
   constexpr int W = THREADS / 32;  // warps: phase 1's partials per channel
@@ -787,6 +815,8 @@ __global__ void __launch_bounds__(kBwdTileThreads, 2)
   extern __shared__ __align__(16) unsigned char bwd_stash_raw[];
   Pack<T, V>* const stash = reinterpret_cast<Pack<T, V>*>(bwd_stash_raw) + tid;
   auto srow = [&](int k) { return r0 + int64_t(MAXR + k) * rstride; };
+  // ST: the streamed rows rs0, rs0 + rstride, ... < R (after the register and stash rows)
+  const int64_t rs0 = r0 + int64_t(MAXR + SR) * rstride;
 
   // ---- phase 1 ----
   {
@@ -836,6 +866,21 @@ __global__ void __launch_bounds__(kBwdTileThreads, 2)
         if (r0 + u * rstride < R) {
           if constexpr (M) mask_pack<T, V>(pg[u], bits[u]);
           sum_bwd_pack<A, T, V>(px[u], pg[u], mean, sg, sgc, sc);
+        }
+      }
+      if constexpr (ST > 0) {
+        // streamed rows, ST at a time: summed and dropped (phase 3 reads them again)
+        for (int64_t r = rs0; r < R; r += int64_t(ST) * rstride) {
+          Pack<T, V> qx[ST], qg[ST];
+          unsigned qb[ST];
+          load_stream_rows<T, V, M, ST, false>(x, dy, f.mask, r, rstride, R, C, cv, qx, qg, qb);
+#pragma unroll
+          for (int u = 0; u < ST; ++u) {
+            if (r + u * rstride < R) {
+              if constexpr (M) mask_pack<T, V>(qg[u], qb[u]);
+              sum_bwd_pack<A, T, V>(qx[u], qg[u], mean, sg, sgc, sc);
+            }
+          }
         }
       }
       if constexpr (SR > 0) {
@@ -909,6 +954,25 @@ __global__ void __launch_bounds__(kBwdTileThreads, 2)
   A a[V], B[V], D[V];
   load_tile_coef<A, CT, V>(coef, tx, a, B, D);
   T* dxc = dx + cv * V;
+  if constexpr (ST > 0) {
+    // the streamed rows again, last ones first (the most recently read, likeliest still in L2)
+    if (rs0 < R) {
+      const int64_t last = rs0 + ((R - 1 - rs0) / rstride) * rstride;
+      for (int64_t r = last; r >= rs0; r -= int64_t(ST) * rstride) {
+        Pack<T, V> qx[ST], qg[ST];
+        unsigned qb[ST];
+        load_stream_rows<T, V, M, ST, true>(x, dy, f.mask, r, rstride, rs0, C, cv, qx, qg, qb);
+#pragma unroll
+        for (int u = 0; u < ST; ++u) {
+          const int64_t rr = r - u * rstride;
+          if (rr >= rs0) {
+            if constexpr (M) mask_pack<T, V>(qg[u], qb[u]);
+            *reinterpret_cast<Pack<T, V>*>(dxc + rr * C) = dx_pack<A, T, V>(qx[u], qg[u], mean, a, B, D);
+          }
+        }
+      }
+    }
+  }
 #pragma unroll
   for (int u = 0; u < MAXR; ++u) {
     const int64_t r = r0 + u * rstride;
@@ -1046,6 +1110,30 @@ inline int bwd_tile_stash_setting() {
   return v;
 }
 
+// The streamed variant of bn_bwd_tile_nhwc (ST = kBwdStreamBatch > 0) where neither the registers
+// nor the stash hold every row: 4 rows per thread in registers, kBwdStreamStashRows (96 KB per block of
+// 256) in shared memory, the others read in phase 1 (summed and dropped) and again in phase 3,
+// last ones first. Against reduce -> finalize -> apply it reads the rows kept on chip once instead
+// of twice, and the streamed rows read last in phase 1 are the first read again in phase 3 (L2).
+// By default it runs after the other two variants for BatchNorm's own backward (not Conv+BN+ReLU's
+// masked one, M), up to kBwdStreamMaxBytes of input;
+// CUDADOCTOR_OPS_BN_BWD_STREAM=0 turns it off, 1 makes it the variant wherever bn_bwd_tile_nhwc
+// applies, at any size (read once). CUDADOCTOR_OPS_BN_BWD_STREAM_SPLITS=S caps its splits at S (read
+// once; tests use it to stream rows of small tensors).
+constexpr int kBwdStreamStashRows = 12;
+constexpr int kBwdStreamBatch = 2;
+constexpr int64_t kBwdStreamMaxBytes = int64_t(128) << 20;
+
+inline int bwd_stream_setting() {
+  static const int v = env_switch("CUDADOCTOR_OPS_BN_BWD_STREAM");
+  return v;
+}
+
+inline int bwd_stream_splits_setting() {
+  static const int v = env_positive_int("CUDADOCTOR_OPS_BN_BWD_STREAM_SPLITS", kBwdTileMaxSplits);
+  return v;
+}
+
 inline int bwd_tile_ct() {
   static const int v = env_choice("CUDADOCTOR_OPS_BN_BWD_TILE_CT", {32, 64}, 0);
   return v;
@@ -1054,7 +1142,7 @@ inline int bwd_tile_ct() {
 template <typename T, int CT, bool M>
 bool launch_tile_backward_ct(const Layout& l, const T* x, const T* g, T* dx,
                              BwdArgs<typename Acc<T>::type> f, const at::TensorOptions& acc_opts,
-                             int device, cudaStream_t stream) {
+                             bool allow_stream, int device, cudaStream_t stream) {
   using A = typename Acc<T>::type;
   constexpr int V = 16 / int(sizeof(T));
   constexpr int TX = CT / V;
@@ -1067,18 +1155,41 @@ bool launch_tile_backward_ct(const Layout& l, const T* x, const T* g, T* dx,
   const int sms = sm_count(device);
   const void* kernel = reinterpret_cast<const void*>(bn_bwd_tile_nhwc<T, CT, M>);
   size_t smem = 0;
-  int splits = bwd_tile_splits(R, tiles, TY, sms, blocks_per_sm(kernel, 0, kBwdTileThreads),
-                               BwdTileMaxR<T, M>::value);
-  if (splits < 1) {
-    if (bwd_tile_stash_setting() == 0) return false;
+  const int stream_mode = bwd_stream_setting();
+  // CUDADOCTOR_OPS_BN_BWD_STREAM=1: the streamed variant wherever the tile kernel applies
+  int splits = stream_mode == 1 ? 0
+                           : bwd_tile_splits(R, tiles, TY, sms,
+                                             blocks_per_sm(kernel, 0, kBwdTileThreads),
+                                             BwdTileMaxR<T, M>::value);
+  if (splits < 1 && stream_mode != 1 && bwd_tile_stash_setting() != 0) {
     constexpr int maxr = BwdTileMaxR<T, M, SR>::value;
     kernel = reinterpret_cast<const void*>(bn_bwd_tile_nhwc<T, CT, M, SR>);
     allow_dynamic_smem(kernel, device, bwd_stash_bytes(SR));
     const int per_sm = blocks_per_sm(kernel, bwd_stash_bytes(SR), kBwdTileThreads);
     splits = bwd_tile_splits(R, tiles, TY, sms, per_sm, maxr + SR);
-    if (splits < 1) return false;
-    const int64_t rows = (R + int64_t(splits) * TY - 1) / (int64_t(splits) * TY);
-    smem = bwd_stash_bytes(rows > maxr ? static_cast<int>(rows - maxr) : 1);
+    if (splits >= 1) {
+      const int64_t rows = (R + int64_t(splits) * TY - 1) / (int64_t(splits) * TY);
+      smem = bwd_stash_bytes(rows > maxr ? static_cast<int>(rows - maxr) : 1);
+    }
+  }
+  if (splits < 1) {
+    // the streamed variant: every resident block, the rows beyond the chip read twice
+    const int64_t bytes = R * C * int64_t(sizeof(T));
+    if (!allow_stream || stream_mode == 0 || (stream_mode < 0 && (M || bytes > kBwdStreamMaxBytes)))
+      return false;
+    constexpr int SS = kBwdStreamStashRows;
+    kernel = reinterpret_cast<const void*>(bn_bwd_tile_nhwc<T, CT, M, SS, kBwdStreamBatch>);
+    smem = bwd_stash_bytes(SS);
+    allow_dynamic_smem(kernel, device, smem);
+    const int per_sm = blocks_per_sm(kernel, smem, kBwdTileThreads);
+    int64_t s = int64_t(per_sm) * sms / tiles;
+    const int64_t most = (R + TY - 1) / TY;
+    if (s > most) s = most;
+    if (s > kBwdTileMaxSplits) s = kBwdTileMaxSplits;
+    const int cap = bwd_stream_splits_setting();
+    if (cap > 0 && s > cap) s = cap;
+    if (s < 1) return false;
+    splits = static_cast<int>(s);
   }
   at::Tensor ws = at::empty({tiles * splits * 3 * CT}, acc_opts);
   A* wsp = ws.data_ptr<A>();
@@ -1089,11 +1200,13 @@ bool launch_tile_backward_ct(const Layout& l, const T* x, const T* g, T* dx,
 
 // Tries bn_bwd_tile_nhwc (channels-last 16-bit input in 16-byte packs, a reduction and
 // grad_input wanted, no ReLU or the ReLU gradient from a mask); false when it does not apply.
-// Tiles of 64 channels where C is a multiple of 64, else of 32.
+// Tiles of 64 channels where C is a multiple of 64, else of 32. allow_stream: whether the streamed
+// variant may run (not for a residual tail's backward, whose three-launch path writes the
+// residual's gradient from its apply kernel).
 template <typename T, int V, bool M>
 bool launch_tile_backward(const Layout& l, const T* x, const T* g, T* dx,
                           BwdArgs<typename Acc<T>::type> f, const at::TensorOptions& acc_opts,
-                          bool relu, int device, cudaStream_t stream) {
+                          bool relu, bool allow_stream, int device, cudaStream_t stream) {
   if constexpr (sizeof(T) != 2 || V != 8) {
     return false;
   } else {
@@ -1101,8 +1214,10 @@ bool launch_tile_backward(const Layout& l, const T* x, const T* g, T* dx,
       return false;
     const int ct = bwd_tile_ct();
     if (ct == 64 || (ct == 0 && l.C % 64 == 0))
-      return launch_tile_backward_ct<T, 64, M>(l, x, g, dx, f, acc_opts, device, stream);
-    return launch_tile_backward_ct<T, 32, M>(l, x, g, dx, f, acc_opts, device, stream);
+      return launch_tile_backward_ct<T, 64, M>(l, x, g, dx, f, acc_opts, allow_stream, device,
+                                               stream);
+    return launch_tile_backward_ct<T, 32, M>(l, x, g, dx, f, acc_opts, allow_stream, device,
+                                             stream);
   }
 }
 
@@ -1261,8 +1376,8 @@ bool launch_backward(const Layout& l, const at::Tensor& dy, const at::Tensor& dx
     return false;
   }
   if (need_reduce && dx.defined() &&
-      launch_tile_backward<T, V, M>(l, x, g, dx.data_ptr<T>(), f, acc_opts, relu, device,
-                                    stream)) {
+      launch_tile_backward<T, V, M>(l, x, g, dx.data_ptr<T>(), f, acc_opts, relu,
+                                    /*allow_stream=*/dres == nullptr, device, stream)) {
     return false;
   }
   if (need_reduce && dx.defined() &&

@@ -25,4 +25,13 @@ inline int env_choice(const char* name, std::initializer_list<int> allowed, int 
   return fallback;
 }
 
+// The integer value of environment variable `name` when it is in 1 .. max; 0 when it is unset,
+// empty or anything else.
+inline int env_positive_int(const char* name, int max) {
+  const char* e = std::getenv(name);
+  if (e == nullptr || *e == '\0') return 0;
+  const int v = std::atoi(e);
+  return v >= 1 && v <= max ? v : 0;
+}
+
 }  // namespace cudadoctor_ops

@@ -62,12 +62,20 @@ _COMMON = textwrap.dedent(
 
 
     def tile_stash_rows(name):
-        # SR, the last template argument of bn_bwd_tile_nhwc<T, CT, M, SR> (0: registers only;
-        # -1: another kernel)
+        # SR of bn_bwd_tile_nhwc<T, CT, M, SR, ST> without streamed rows (ST == 0; 0: registers
+        # only; -1: another kernel or the streamed variant)
         import re
 
-        m = re.search(r"bn_bwd_tile_nhwc<[^<>]*, (\\d+)>", name)
-        return int(m.group(1)) if m else -1
+        m = re.search(r"bn_bwd_tile_nhwc<[^<>]*, (\\d+), (\\d+)>", name)
+        return int(m.group(1)) if m and m.group(2) == "0" else -1
+
+
+    def tile_streamed(name):
+        # whether name is the streamed bn_bwd_tile_nhwc (ST > 0)
+        import re
+
+        m = re.search(r"bn_bwd_tile_nhwc<[^<>]*, (\\d+), (\\d+)>", name)
+        return bool(m) and m.group(2) != "0"
 
 
     def kernels(fn):
@@ -89,6 +97,8 @@ _COMMON = textwrap.dedent(
                         names.add(key)
                 if tile_stash_rows(e.name) > 0:
                     names.add("bn_bwd_tile_nhwc+stash")
+                if tile_streamed(e.name):
+                    names.add("bn_bwd_tile_nhwc+stream")
             return sorted(names)
         except Exception as exc:  # noqa: BLE001 - reported to the parent
             return "profiler failed: " + repr(exc)
@@ -222,11 +232,10 @@ _AUTO_CHILD = _COMMON + textwrap.dedent(
             key = f"{layout} {list(shape)} {str(dtype).replace('torch.', '')}"
             out[key] = backward_kernels(shape, dtype, layout, True, (True, True, True))
     # without ReLU, channels-last 16-bit: bn_bwd_tile_nhwc wherever a resident grid holds every row
-    # in registers (ResNet-50's 14x14 and 7x7 BatchNorms at batch 64), else as above (25.7 MB:
-    # the one-launch kernel)
-    # rows beyond the registers in shared memory (the stash variant): the 6.4M-element float16 /
-    # bfloat16 tensors (ResNet-50's (64,128,28,28) and (64,512,14,14), Conv+BN+ReLU's
-    # (32,64,56,56) block)
+    # in registers (ResNet-50's 14x14 and 7x7 BatchNorms at batch 64); rows beyond the registers
+    # in shared memory (the stash variant): the 6.4M-element float16 / bfloat16 tensors
+    # (ResNet-50's (64,128,28,28) and (64,512,14,14), Conv+BN+ReLU's (32,64,56,56) block); past
+    # that (25.7 MB) the streamed variant
     for shape, dtype in (((64, 256, 14, 14), torch.float16), ((64, 512, 7, 7), torch.bfloat16),
                          ((64, 256, 28, 28), torch.float16), ((32, 64, 56, 56), torch.float16),
                          ((64, 128, 28, 28), torch.bfloat16), ((64, 512, 14, 14), torch.float16)):
@@ -244,7 +253,8 @@ def _run_child(ops, code, args, env_value, singleread=None, extra=None, tile=Non
     env = dict(os.environ)
     for name in ("CUDADOCTOR_OPS_BN_FUSED_BWD", "CUDADOCTOR_OPS_BN_SINGLEREAD",
                  "CUDADOCTOR_OPS_BN_BWD_NR", "CUDADOCTOR_OPS_BN_FIN_BLOCK", "CUDADOCTOR_OPS_BN_BWD_TILE",
-                 "CUDADOCTOR_OPS_BN_BWD_TILE_STASH", "CUDADOCTOR_OPS_BN_BWD_TILE_CT"):
+                 "CUDADOCTOR_OPS_BN_BWD_TILE_STASH", "CUDADOCTOR_OPS_BN_BWD_TILE_CT",
+                 "CUDADOCTOR_OPS_BN_BWD_STREAM", "CUDADOCTOR_OPS_BN_BWD_STREAM_SPLITS"):
         env.pop(name, None)
     env.update(extra or {})
     if tile is not None:
@@ -330,7 +340,8 @@ def test_backward_vs_float64_with_and_without_the_one_launch_kernel(ops, layout,
 def test_one_launch_backward_size_limit(ops):
     """With CUDADOCTOR_OPS_BN_FUSED_BWD unset the one-launch backward runs up to 16 MiB of
     contiguous input and 32 MiB of channels-last input (without ReLU, 16-bit channels-last input
-    whose rows a resident grid holds in registers takes bn_bwd_tile_nhwc first);
+    takes bn_bwd_tile_nhwc first: with its rows in registers, in registers and shared memory, or,
+    past that and up to 128 MiB, with the rest streamed);
     contiguous inputs whose channel (x plus grad_out) fits 112 KiB, with at least one channel per
     SM, run the single-read kernel instead."""
     sel = _run_child(ops, _AUTO_CHILD, [], None)
@@ -341,7 +352,8 @@ def test_one_launch_backward_size_limit(ops):
         one = "bn_bwd_fused_nhwc" if layout == "channels_last" else "bn_bwd_fused_nchw"
         if key.endswith(" none"):
             if "[64, 256, 28, 28]" in key:
-                want = [one]
+                # 12.8M elements: past the stash, so the streamed variant
+                want = ["bn_bwd_tile_nhwc", "bn_bwd_tile_nhwc+stream"]
             elif any(s in key for s in ("[32, 64, 56, 56]", "[64, 128, 28, 28]", "[64, 512, 14, 14]")):
                 # the stash fits these on a GPU of 132 SMs (an H200); elsewhere either tile variant
                 want = ["bn_bwd_tile_nhwc", "bn_bwd_tile_nhwc+stash"]
@@ -410,6 +422,14 @@ def test_tile_backward_stash_vs_float64(ops, extra):
     grad_input from a second call. On an H200 (132 SMs) every one of these that needs a reduction
     runs the stash variant, with the default tile widths and with tiles of 64 forced."""
     res = _run_child(ops, _STASH_CHILD, [], None, extra=extra)
+    _check_tile_records(res, "bn_bwd_tile_nhwc+stash", res["sms"] == 132)
+
+
+def _check_tile_records(res, variant, check_kernels):
+    """The records of _STASH_CHILD's loop (3 shapes x 2 dtypes x training / eval x 2 output
+    masks): errors within tolerance, channels-last grad_input, repeatable, and with check_kernels
+    every call that needs a reduction on bn_bwd_tile_nhwc's `variant` (eval grad_input alone on
+    the apply kernel, no reduction)."""
     records = res["records"]
     assert len(records) == 3 * 2 * 2 * 2
     bad = []
@@ -420,11 +440,37 @@ def test_tile_backward_stash_vs_float64(ops, extra):
                 bad.append(f"{k} err {r[k]:.2e} > {tol:.0e}: {r}")
         if not (r["cl"] and r["repeat_equal"]):
             bad.append(f"layout or repeatability: {r}")
-        if res["sms"] == 132 and isinstance(r["kernels"], list):
+        if check_kernels and isinstance(r["kernels"], list):
             # eval without parameter gradients needs no reduction: the apply kernel alone
             reduces = r["training"] or r["mask"][1] or r["mask"][2]
-            if reduces and r["kernels"] != ["bn_bwd_tile_nhwc", "bn_bwd_tile_nhwc+stash"]:
-                bad.append(f"not the stash variant: {r}")
+            if reduces and r["kernels"] != ["bn_bwd_tile_nhwc", variant]:
+                bad.append(f"not {variant}: {r}")
             if not reduces and any("tile" in k or "reduce" in k for k in r["kernels"]):
                 bad.append(f"a reduction for eval grad_input alone: {r}")
     assert not bad, f"{len(bad)} failures, first ones:\n" + "\n".join(bad[:20])
+
+
+# the stash child's loop on tensors small enough for a test, run with the streamed variant forced
+# and its splits capped: (8,64,16,16) (2048 rows, one tile of 64, 2 splits: 32 rows per thread, 4
+# in registers, 12 in shared memory, 16 streamed), (5,40,23,29) (3335 rows, tiles of 32 with a
+# second tile of one pack, or with CUDADOCTOR_OPS_BN_BWD_TILE_CT=64 one half-idle tile; a
+# partial last streamed batch) and (3,24,31,37) (3441 rows, C = 24: three packs of a tile of 32)
+_STREAM_CHILD = _STASH_CHILD.replace(
+    "SHAPES = [(32, 64, 56, 56), (16, 96, 56, 56), (17, 40, 61, 67)]",
+    "SHAPES = [(8, 64, 16, 16), (5, 40, 23, 29), (3, 24, 31, 37)]",
+)
+
+
+@pytest.mark.parametrize("splits,extra", [("2", None), ("3", {"CUDADOCTOR_OPS_BN_BWD_TILE_CT": "64"}), ("1", None)],
+                         ids=["2-default", "3-ct64", "1-default"])
+def test_tile_backward_streamed_rows_vs_float64(ops, splits, extra):
+    """bn_bwd_tile_nhwc's streamed variant (CUDADOCTOR_OPS_BN_BWD_STREAM=1, its splits capped by
+    _STREAM_SPLITS so that small tensors have rows beyond its registers and shared memory):
+    channels-last float16 / bfloat16 backward without ReLU, with and without the parameter
+    gradients, training and eval, against float64 torch, channels-last output, the same grad_input
+    from a second call, and every call that needs a reduction on the streamed kernel."""
+    env = {"CUDADOCTOR_OPS_BN_BWD_STREAM": "1", "CUDADOCTOR_OPS_BN_BWD_STREAM_SPLITS": splits}
+    env.update(extra or {})
+    assert "SHAPES = [(8, 64, 16, 16)" in _STREAM_CHILD
+    res = _run_child(ops, _STREAM_CHILD, [], None, extra=env)
+    _check_tile_records(res, "bn_bwd_tile_nhwc+stream", True)

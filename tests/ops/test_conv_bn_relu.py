@@ -375,12 +375,21 @@ def test_conv_backward_on_two_streams(layout, deterministic_cudnn, monkeypatch):
         from torch._C._autograd import DeviceType
         from torch.profiler import ProfilerActivity, profile
 
+        # one step first: the first call in a process also sets up cuDNN, whose setup ran a memset
+        # on a stream of its own on the H200 machine (seen when this test was a worker's first);
+        # and nothing queued by an earlier test may still run while the profile records
+        step()
+        torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             grads = step()
             torch.cuda.synchronize()
         events = prof.profiler.kineto_results.events()
-        # a CUDA activity's resource id is its stream
-        return grads, {e.device_resource_id() for e in events if e.device_type() == DeviceType.CUDA}
+        # a CUDA kernel's resource id is its stream: {stream: the names of its kernels}
+        streams: dict = {}
+        for e in events:
+            if e.device_type() == DeviceType.CUDA and not e.name().startswith(("Memset", "Memcpy")):
+                streams.setdefault(e.device_resource_id(), set()).add(e.name()[:60])
+        return grads, streams
 
     gy = torch.randn_like(F.conv2d(x, conv.weight, None, 1, 1))
     monkeypatch.setenv("CUDADOCTOR_OPS_CBR_BWD_STREAMS", "0")
@@ -390,7 +399,7 @@ def test_conv_backward_on_two_streams(layout, deterministic_cudnn, monkeypatch):
     # the switch really moves work: one stream without it, a second one (the weight gradient's)
     # with it
     assert len(streams_one) == 1, streams_one
-    assert len(streams_two) == 2 and streams_one < streams_two, (streams_one, streams_two)
+    assert len(streams_two) == 2 and set(streams_one) < set(streams_two), (streams_one, streams_two)
     for a, b in zip(one, two):
         assert torch.equal(a, b)
     side = torch.cuda.Stream()
@@ -788,8 +797,10 @@ def train_steps(conv, bn, shape, dtype, cl, steps, probe_key, probe):
             torch.cuda.synchronize()
         bwd = " ".join(e.name for e in prof.events())
         r.setdefault("bwd_kernels", []).append(sorted({k for k in BWD_TAGS if k in bwd}))
-        # bn_bwd_tile_nhwc<T, CT, M, SR> with SR > 0: rows kept in shared memory
-        r.setdefault("bwd_stash", []).append(bool(re.search(r"bn_bwd_tile_nhwc<[^<>]*, [1-9][0-9]*>", bwd)))
+        # bn_bwd_tile_nhwc<T, CT, M, SR, ST> with SR > 0: rows kept in shared memory; ST > 0: the
+        # streamed variant (rows beyond registers and shared memory read twice)
+        r.setdefault("bwd_stash", []).append(bool(re.search(r"bn_bwd_tile_nhwc<[^<>]*, [1-9][0-9]*, 0>", bwd)))
+        r.setdefault("bwd_stream", []).append(bool(re.search(r"bn_bwd_tile_nhwc<[^<>]*, [0-9]+, [1-9][0-9]*>", bwd)))
         yr.backward(gy)
         e = {"out": rel(y, yr), "gx": rel(xo.grad, xr.grad), "gw": rel(conv.weight.grad, conv_r.weight.grad)}
         if cl:
@@ -819,14 +830,16 @@ def run_cases(cases, steps, probe, with_kw=True):
 """
 
 
-def _run_cbr_child(body: str, tile: str, cudnn_stats: bool = False) -> dict:
+def _run_cbr_child(body: str, tile: str, cudnn_stats: bool = False, extra: dict | None = None) -> dict:
     """Runs _CBR_CHILD_COMMON + body in a child (CUDADOCTOR_OPS_CBR_TILE=0 for tile == "off", the
-    other CBR / BN switches unset; the cuDNN statistics path (opt-in) on only with cudnn_stats)
-    and returns the JSON of its last line."""
+    other CBR / BN switches unset but those in extra; the cuDNN statistics path (opt-in) on only
+    with cudnn_stats) and returns the JSON of its last line."""
     env = dict(os.environ)
     for var in (CBR_TILE_ENV, CBR_V1_ENV, "CUDADOCTOR_OPS_BN_FUSED_NCHW", "CUDADOCTOR_OPS_BN_SINGLEREAD",
-                CUDNN_STATS_ENV, CBR_BN_BWD_ENV, "CUDADOCTOR_OPS_BN_BWD_TILE"):
+                CUDNN_STATS_ENV, CBR_BN_BWD_ENV, "CUDADOCTOR_OPS_BN_BWD_TILE",
+                "CUDADOCTOR_OPS_BN_BWD_STREAM", "CUDADOCTOR_OPS_BN_BWD_STREAM_SPLITS"):
         env.pop(var, None)
+    env.update(extra or {})
     if tile == "off":
         env[CBR_TILE_ENV] = "0"
     if cudnn_stats:
@@ -929,6 +942,35 @@ def test_nhwc_backward_with_rows_in_shared_memory_matches_torch():
             assert ks == ["bn_bwd_tile_nhwc"], (key, step, ks)
         if sms == 132:
             assert all(r["bwd_stash"]), (key, r["bwd_stash"])
+        _check_steps(key, r, 2, TOL[dtype], True)
+
+
+_CBR_STREAM_CHILD = """
+# small blocks whose masked backward runs the streamed bn_bwd_tile_nhwc (forced, 2 splits): (8,64,16,16)
+# -> 64 (2048 rows, one tile of 64: 32 rows per thread, 16 of them streamed) and (5,40,23,29) -> 40
+# (3335 rows, tiles of 32 with a second one of one pack: 26 rows per thread, the last streamed
+# batch partial)
+cases = [((8, 64, 16, 16, 64, 3, 1, 1), {}), ((5, 40, 23, 29, 40, 3, 1, 1), {"momentum": 0.3})]
+out = run_cases(cases, 2, lambda names: "bn_tile_nhwc" in names, with_kw=False)
+print(json.dumps(out))
+"""
+
+
+@gpu
+@pytest.mark.gpu
+def test_nhwc_backward_with_streamed_rows_matches_torch():
+    """Two training steps of ConvBNReLU2d (channels_last float16 / bfloat16) with
+    CUDADOCTOR_OPS_BN_BWD_STREAM=1 and _STREAM_SPLITS=2: the masked backward runs the streamed
+    bn_bwd_tile_nhwc (rows beyond its registers and shared memory read in phase 1 and again in
+    phase 3), and output, running statistics and every gradient match Conv2d -> BatchNorm2d -> ReLU."""
+    res = _run_cbr_child(_CBR_STREAM_CHILD, "default", extra={"CUDADOCTOR_OPS_BN_BWD_STREAM": "1",
+                                                              "CUDADOCTOR_OPS_BN_BWD_STREAM_SPLITS": "2"})
+    assert len(res) == 4
+    for key, r in res.items():
+        dtype = torch.float16 if key.startswith("float16") else torch.bfloat16
+        for step, ks in enumerate(r["bwd_kernels"]):
+            assert ks == ["bn_bwd_tile_nhwc"], (key, step, ks)
+        assert all(r["bwd_stream"]), (key, r["bwd_stream"])
         _check_steps(key, r, 2, TOL[dtype], True)
 
 
