@@ -22,6 +22,9 @@
     cbrb Conv+BN+ReLU fwd+bwd in CUDA-graph replay on the channels-last blocks of CBR_CASES
          (CUDADOCTOR_OPS_BN_BWD_TILE_STASH=0 / _CT=32 as for bnp; CUDADOCTOR_OPS_BN_BWD_TILE=0: the
          masked backward on bn_bwd_fused_nhwc instead of bn_bwd_tile_nhwc)
+    cbrst Conv+BN+ReLU fwd+bwd in CUDA-graph replay on blocks whose outputs are past the stash of
+         bn_bwd_tile_nhwc, default against CUDADOCTOR_OPS_BN_BWD_STREAM=1 (the masked backward on
+         its streamed variant), each twice, interleaved
     cbrs the same on the bench's fp16 and bf16 blocks, eager, CUDA-graph replay and host time per
          call, with the batch statistics from cuDNN's convolution epilogue
          (CUDADOCTOR_OPS_CBR_CUDNN_STATS=1; with CUDADOCTOR_OPS_CBR_SUMS_FUSED=0 the finalize +
@@ -88,6 +91,14 @@ CBR_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_NHWC_TILE_WIDE": "0"}, {"CUDADOCTOR_OPS_
                 {"CUDADOCTOR_OPS_CBR_TILE": "0"}]
 CBRB_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_BWD_TILE_STASH": "0"}, {"CUDADOCTOR_OPS_BN_BWD_TILE_CT": "32"},
                  {"CUDADOCTOR_OPS_BN_BWD_TILE": "0"}]
+# cbrst: Conv+BN+ReLU blocks whose outputs are past bn_bwd_tile_nhwc's stash (12.8M and 25.7M
+# elements), fwd+bwd in CUDA-graph replay, default (the masked backward on bn_bwd_fused_nhwc /
+# reduce -> finalize -> apply) against CUDADOCTOR_OPS_BN_BWD_STREAM=1 (on the streamed tile
+# kernel), each twice, interleaved
+CBRST_CASES = [((64, 64, 56, 56), 64, "bfloat16"), ((64, 64, 56, 56), 64, "float16"),
+               ((64, 128, 56, 56), 128, "bfloat16"), ((64, 256, 28, 28), 256, "float16")]
+_ST1 = {"CUDADOCTOR_OPS_BN_BWD_STREAM": "1"}
+CBRST_SETTINGS = [{}, _ST1, {}, _ST1]
 CBRS_SETTINGS = [{}, {"CUDADOCTOR_OPS_CBR_CUDNN_STATS": "1"},
                  {"CUDADOCTOR_OPS_CBR_CUDNN_STATS": "1", "CUDADOCTOR_OPS_CBR_SUMS_FUSED": "0"}]
 DW_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_V4_CFG": "1"}, {"CUDADOCTOR_OPS_DW_V4_CFG": "3"},
@@ -217,10 +228,10 @@ def _child(part: str) -> None:
 
             out.append([f"cbr fwd+bwd {shape}->{k} {dts} nhwc", timer(fb(fused)), timer(fb(ref)),
                         e < 2e-2])
-    elif part == "cbrb":
+    elif part in ("cbrb", "cbrst"):
         from cudadoctor_ops.bench_cbr import graph_ms
 
-        for shape, k, dts, fused, ref, x, xg, g, e in _cbr_blocks(CBR_CASES, err):
+        for shape, k, dts, fused, ref, x, xg, g, e in _cbr_blocks(CBRST_CASES if part == "cbrst" else CBR_CASES, err):
             fb_o, fb_r = (lambda: fused(xg).backward(g)), (lambda: ref(xg).backward(g))
             out.append([f"cbr fwd+bwd {shape}->{k} {dts} nhwc (graph)", graph_ms(timer, fb_o) or float("nan"),
                         graph_ms(timer, fb_r) or float("nan"), e < 2e-2])
@@ -334,7 +345,7 @@ def main(argv: list[str]) -> int:
     for part in parts:
         settings = {"bn": BN_SETTINGS, "bnf": BNF_SETTINGS, "bns": BNS_SETTINGS, "bnp": BNP_SETTINGS, "bnnr": BNNR_SETTINGS,
                     "bnst": BNST_SETTINGS,
-                    "cbr": CBR_SETTINGS, "cbrb": CBRB_SETTINGS, "cbrs": CBRS_SETTINGS,
+                    "cbr": CBR_SETTINGS, "cbrb": CBRB_SETTINGS, "cbrs": CBRS_SETTINGS, "cbrst": CBRST_SETTINGS,
                     "dw": DW_SETTINGS, "dwn": DWN_SETTINGS, "dwn4": DWN4_SETTINGS,
                     "dwb": DWB_SETTINGS, "dwb4": DWB4_SETTINGS, "dww": DWW_SETTINGS,
                     "dwh": DWH_SETTINGS, "dwbh": DWBH_SETTINGS}[part]

@@ -676,7 +676,9 @@ __global__ void __launch_bounds__(kThreads, FusedNhwcMinBlocks<T, V>::value)
 //   finish_bwd_channel; only the blocks with s == 0 store grad_weight / grad_bias.
 //   Phase 3: grad_input = A * g + B * c + D from the packs still in registers.
 // Against bn_bwd_fused_nhwc: one grid barrier instead of two, no warp-per-channel finishing
-// phase over the whole grid, x and grad_out read from memory once. For the gradient of a ReLU
+// phase over the whole grid, x and grad_out read from memory once. Variants: SR > 0 keeps SR more
+// rows per thread in shared memory (the stash); ST > 0 (the streamed variant, with the stash)
+// also takes rows beyond registers and stash, reading them in phase 1 and again in phase 3. For the gradient of a ReLU
 // only the mask (M) is taken: the ReLU test recomputed from x (BatchNorm's activation="relu")
 // stays on the other kernels.
 constexpr int kBwdTileThreads = 256;
