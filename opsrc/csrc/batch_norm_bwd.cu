@@ -678,9 +678,9 @@ __global__ void __launch_bounds__(kThreads, FusedNhwcMinBlocks<T, V>::value)
 // Against bn_bwd_fused_nhwc: one grid barrier instead of two, no warp-per-channel finishing
 // phase over the whole grid, x and grad_out read from memory once. Variants: SR > 0 keeps SR more
 // rows per thread in shared memory (the stash); ST > 0 (the streamed variant, with the stash)
-// also takes rows beyond registers and stash, reading them in phase 1 and again in phase 3. For the gradient of a ReLU
-// only the mask (M) is taken: the ReLU test recomputed from x (BatchNorm's activation="relu")
-// stays on the other kernels.
+// also takes rows beyond registers and stash, reading them in phase 1 and again in phase 3.
+// For the gradient of a ReLU only the mask (M) is taken: the ReLU test recomputed from x
+// (BatchNorm's activation="relu") stays on the other kernels.
 constexpr int kBwdTileThreads = 256;
 // Rows (a pack of x and one of grad_out each) a thread holds in registers: 8 (ptxas, sm_90:
 // 127-128 registers; float16 spills nothing), 6 for bfloat16 with the mask (124 bytes spilled at
@@ -969,7 +969,8 @@ __global__ void __launch_bounds__(kBwdTileThreads, 2)
           const int64_t rr = r - u * rstride;
           if (rr >= rs0) {
             if constexpr (M) mask_pack<T, V>(qg[u], qb[u]);
-            *reinterpret_cast<Pack<T, V>*>(dxc + rr * C) = dx_pack<A, T, V>(qx[u], qg[u], mean, a, B, D);
+            *reinterpret_cast<Pack<T, V>*>(dxc + rr * C) =
+                dx_pack<A, T, V>(qx[u], qg[u], mean, a, B, D);
           }
         }
       }
@@ -1112,16 +1113,18 @@ inline int bwd_tile_stash_setting() {
   return v;
 }
 
-// The streamed variant of bn_bwd_tile_nhwc (ST = kBwdStreamBatch > 0) where neither the registers
-// nor the stash hold every row: 4 rows per thread in registers, kBwdStreamStashRows (96 KB per block of
-// 256) in shared memory, the others read in phase 1 (summed and dropped) and again in phase 3,
-// last ones first. Against reduce -> finalize -> apply it reads the rows kept on chip once instead
-// of twice, and the streamed rows read last in phase 1 are the first read again in phase 3 (L2).
-// By default it runs after the other two variants for BatchNorm's own backward (not Conv+BN+ReLU's
-// masked one, M), up to kBwdStreamMaxBytes of input;
+// The streamed variant of bn_bwd_tile_nhwc (ST = kBwdStreamBatch > 0) where neither the
+// registers nor the stash hold every row: 4 rows per thread in registers, kBwdStreamStashRows
+// (96 KB per block of 256) in shared memory, the others read in phase 1 (summed and dropped) and
+// again in phase 3, last ones first. Against reduce -> finalize -> apply it reads the rows kept on
+// chip once instead of twice, and the streamed rows read last in phase 1 are the first read again
+// in phase 3 (L2). By default it runs after the other two variants for BatchNorm's own backward
+// (not Conv+BN+ReLU's masked one, M), up to kBwdStreamMaxBytes of input;
 // CUDADOCTOR_OPS_BN_BWD_STREAM=0 turns it off, 1 makes it the variant wherever bn_bwd_tile_nhwc
-// applies, at any size (read once). CUDADOCTOR_OPS_BN_BWD_STREAM_SPLITS=S caps its splits at S (read
-// once; tests use it to stream rows of small tensors).
+// applies, at any size (read once). CUDADOCTOR_OPS_BN_BWD_STREAM_SPLITS=S caps its splits at S
+// (read once; tests use it to stream rows of small tensors). H200, CUDA-graph replays, float16,
+// us, streamed / without it (gpu_variants.py bnst): (64,256,28,28) 36.1 / 51.5, (64,128,56,56)
+// 70.7 / 77.4, (256,64,56,56) 135.9 / 136.0 (cuDNN 54.4, 72.8, 133.5).
 constexpr int kBwdStreamStashRows = 12;
 constexpr int kBwdStreamBatch = 2;
 constexpr int64_t kBwdStreamMaxBytes = int64_t(128) << 20;
@@ -1132,7 +1135,8 @@ inline int bwd_stream_setting() {
 }
 
 inline int bwd_stream_splits_setting() {
-  static const int v = env_positive_int("CUDADOCTOR_OPS_BN_BWD_STREAM_SPLITS", kBwdTileMaxSplits);
+  static const int v =
+      env_positive_int("CUDADOCTOR_OPS_BN_BWD_STREAM_SPLITS", kBwdTileMaxSplits);
   return v;
 }
 
@@ -1177,7 +1181,8 @@ bool launch_tile_backward_ct(const Layout& l, const T* x, const T* g, T* dx,
   if (splits < 1) {
     // the streamed variant: every resident block, the rows beyond the chip read twice
     const int64_t bytes = R * C * int64_t(sizeof(T));
-    if (!allow_stream || stream_mode == 0 || (stream_mode < 0 && (M || bytes > kBwdStreamMaxBytes)))
+    if (!allow_stream || stream_mode == 0 ||
+        (stream_mode < 0 && (M || bytes > kBwdStreamMaxBytes)))
       return false;
     constexpr int SS = kBwdStreamStashRows;
     kernel = reinterpret_cast<const void*>(bn_bwd_tile_nhwc<T, CT, M, SS, kBwdStreamBatch>);
