@@ -189,9 +189,10 @@ def _child(part: str) -> None:
     elif part in ("bnp", "bnnr", "bnst"):
         from cudadoctor_ops.bench_cbr import graph_ms
 
-        cases = [(s_, torch.float16) for s_ in (BNP_SHAPES if part == "bnp" else BN_SHAPES)]
         if part == "bnst":
             cases = [(s_, d_) for s_ in BNST_SHAPES for d_ in (torch.float16, torch.bfloat16)]
+        else:
+            cases = [(s_, torch.float16) for s_ in (BNP_SHAPES if part == "bnp" else BN_SHAPES)]
         for shape, dt in cases:
             # tensors from the CPU generator: CUDA random numbers after a graph capture of torch's
             # BatchNorm fail ("Offset increment outside graph capture")
@@ -215,7 +216,7 @@ def _child(part: str) -> None:
                 # host time per call (no synchronisation in the loop; GPU time where that is longer)
                 from gpu_profile import host_us  # scripts/ is sys.path[0] when run as a script
 
-                out.append([f"bn backward {shape} float16 nhwc (host)", host_us(bo) / 1e3, host_us(bt) / 1e3, ok])
+                out.append([f"bn backward {shape} {dn} nhwc (host)", host_us(bo) / 1e3, host_us(bt) / 1e3, ok])
             del x, xg, gy, yo, yt
             torch.cuda.empty_cache()
     elif part == "cbr":

@@ -1280,11 +1280,7 @@ inline int persist_nhwc_setting() {
 }
 
 inline int persist_nhwc_rows() {
-  static const int v = [] {
-    const char* e = std::getenv("CUDADOCTOR_OPS_BN_NHWC_PERSIST_ROWS");
-    const int r = e ? std::atoi(e) : 0;
-    return r >= 1 && r <= 8 ? r : 0;
-  }();
+  static const int v = env_positive_int("CUDADOCTOR_OPS_BN_NHWC_PERSIST_ROWS", 8);
   return v;
 }
 
@@ -1372,11 +1368,7 @@ inline int tile_nhwc_ct() {
 }
 
 inline int tile_nhwc_splits() {
-  static const int v = [] {
-    const char* e = std::getenv("CUDADOCTOR_OPS_BN_NHWC_TILE_SPLITS");
-    const int s = e ? std::atoi(e) : 0;
-    return s >= 1 && s <= kMaxSplits ? s : 0;
-  }();
+  static const int v = env_positive_int("CUDADOCTOR_OPS_BN_NHWC_TILE_SPLITS", kMaxSplits);
   return v;
 }
 
