@@ -35,7 +35,7 @@
     dwb4 the same backward, default against CUDADOCTOR_OPS_DW_V4_CFG=4 (the stride-1 input gradient
          runs the forward kernel on the flipped filter, here with groups of 7 columns)
     dwn  depthwise float32 NCHW forward and backward (dX + dW) on the issue's target shapes
-         (2-row tiles forced; CUDADOCTOR_OPS_DW_V2_COLV=0: strided columns
+         (default, then fwd_nchw_v2 with CUDADOCTOR_OPS_DW_V2_SHFL=0 and: 2-row tiles forced; CUDADOCTOR_OPS_DW_V2_COLV=0: strided columns
          instead of 4 consecutive ones per thread at stride 1; CUDADOCTOR_OPS_DW_V2_LEAN=1: the cp.async kernel's LEAN
          build, which runs only with COLV=0 at stride 1;
          also settable: CUDADOCTOR_OPS_DW_V2_ASYNC=0 (tiles staged through registers),
@@ -50,6 +50,9 @@
          CUDADOCTOR_OPS_DW_V4_HOIST=0 / 1 (nhwc_v4's first kernel row loaded before or after the
          weight barrier everywhere), each twice, interleaved
     dwbh the same settings for the channels-last backward
+    dwsh the float32 NCHW forward cases of dwn, CUDADOCTOR_OPS_DW_V2_SHFL=0 (fwd_nchw_v2) / 4 / 8
+         (fwd_nchw_shfl: a warp per 4 / 8 rows x 128 columns, no shared memory; 4 is the 3x3
+         default), each twice, interleaved
     dww  depthwise channels_last weight gradient alone (CUDADOCTOR_OPS_DW_WGRAD_SMEM=0 / 1, _PF), against
          torch's convolution_backward for the weight alone
 
@@ -103,13 +106,15 @@ CBRS_SETTINGS = [{}, {"CUDADOCTOR_OPS_CBR_CUDNN_STATS": "1"},
                  {"CUDADOCTOR_OPS_CBR_CUDNN_STATS": "1", "CUDADOCTOR_OPS_CBR_SUMS_FUSED": "0"}]
 DW_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_V4_CFG": "1"}, {"CUDADOCTOR_OPS_DW_V4_CFG": "3"},
                {"CUDADOCTOR_OPS_DW_V4_CFG": "4"}]
-DWN_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_V2_ROWS": "2"}, {"CUDADOCTOR_OPS_DW_V2_COLV": "0"},
-                {"CUDADOCTOR_OPS_DW_V2_LEAN": "1", "CUDADOCTOR_OPS_DW_V2_COLV": "0"}]
+# the settings of fwd_nchw_v2 itself, with CUDADOCTOR_OPS_DW_V2_SHFL=0 (3x3 runs fwd_nchw_shfl by default)
+_NOSH = {"CUDADOCTOR_OPS_DW_V2_SHFL": "0"}
+DWN_SETTINGS = [{}, _NOSH, {"CUDADOCTOR_OPS_DW_V2_ROWS": "2", **_NOSH}, {"CUDADOCTOR_OPS_DW_V2_COLV": "0", **_NOSH},
+                {"CUDADOCTOR_OPS_DW_V2_LEAN": "1", "CUDADOCTOR_OPS_DW_V2_COLV": "0", **_NOSH}]
 DWN_CASES = [(1, 64, 128, 128, 3), (8, 64, 128, 128, 3), (1, 256, 128, 128, 3), (32, 12, 112, 112, 5),
              (64, 32, 112, 112, 3)]
 # dwn4: the same cases, default against 4-row tiles (the default takes 2 rows where 8-row tiles
 # leave fewer than 256 blocks, e.g. (1,64,128,128)), each twice, interleaved
-DWN4_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_V2_ROWS": "4"}, {}, {"CUDADOCTOR_OPS_DW_V2_ROWS": "4"}]
+DWN4_SETTINGS = [_NOSH, {"CUDADOCTOR_OPS_DW_V2_ROWS": "4", **_NOSH}, _NOSH, {"CUDADOCTOR_OPS_DW_V2_ROWS": "4", **_NOSH}]
 DWB_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "0"}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "1"},
                 {"CUDADOCTOR_OPS_DW_WGRAD_V1": "1", "CUDADOCTOR_OPS_DW_DGRAD_V1": "1", "CUDADOCTOR_OPS_DW_V4": "0"}]
 
@@ -120,6 +125,9 @@ _H0 = {"CUDADOCTOR_OPS_DW_V4_HOIST": "0"}
 _H1 = {"CUDADOCTOR_OPS_DW_V4_HOIST": "1"}
 DWH_SETTINGS = [{}, _H0, _H1, {}, _H0, _H1]
 DWBH_SETTINGS = [{}, _H0, _H1, {}, _H0, _H1]
+_SH4 = {"CUDADOCTOR_OPS_DW_V2_SHFL": "4"}
+_SH8 = {"CUDADOCTOR_OPS_DW_V2_SHFL": "8"}
+DWSH_SETTINGS = [_NOSH, _SH4, _SH8, _NOSH, _SH4, _SH8]
 DWW_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "0"}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "1"}, {"CUDADOCTOR_OPS_DW_WGRAD_PF": "1"},
                 {"CUDADOCTOR_OPS_DW_WGRAD_PF": "2"}]
 
@@ -257,6 +265,23 @@ def _child(part: str) -> None:
             out.append([f"cbr {shape}->{k} {dts} cudnn_stats", float("nan"), float("nan"), True,
                         f"backend {st['backend']}, {st['calls'] - before} calls so far, "
                         f"{len(st['declined'])} shapes declined"])
+    elif part == "dwsh":
+        from cudadoctor_ops.bench_cbr import graph_ms
+
+        for n, c, h, w_, k in DWN_CASES:
+            x = torch.randn(n, c, h, w_, device="cuda")
+            wt = torch.randn(c, 1, k, k, device="cuda")
+            b = torch.randn(c, device="cuda")
+            p = k // 2
+            f_ours = lambda: cudadoctor_ops.depthwise_conv2d(x, wt, b, 1, p)  # noqa: E731
+            f_torch = lambda: F.conv2d(x, wt, b, 1, p, 1, c)  # noqa: E731
+            ok = err(f_ours(), f_torch()) < 1e-4
+            name = f"dw fwd k{k} {(n, c, h, w_)} float32 nchw"
+            out.append([name, timer(f_ours), timer(f_torch), ok])
+            out.append([name + " (graph)", graph_ms(timer, f_ours) or float("nan"),
+                        graph_ms(timer, f_torch) or float("nan"), ok])
+            del x, wt
+            torch.cuda.empty_cache()
     elif part == "dwn":
         from cudadoctor_ops.bench_cbr import graph_ms
 
@@ -349,7 +374,8 @@ def main(argv: list[str]) -> int:
                     "cbr": CBR_SETTINGS, "cbrb": CBRB_SETTINGS, "cbrs": CBRS_SETTINGS, "cbrst": CBRST_SETTINGS,
                     "dw": DW_SETTINGS, "dwn": DWN_SETTINGS, "dwn4": DWN4_SETTINGS,
                     "dwb": DWB_SETTINGS, "dwb4": DWB4_SETTINGS, "dww": DWW_SETTINGS,
-                    "dwh": DWH_SETTINGS, "dwbh": DWBH_SETTINGS}[part]
+                    "dwh": DWH_SETTINGS, "dwbh": DWBH_SETTINGS,
+                    "dwsh": DWSH_SETTINGS}[part]
         child = {"dwb4": "dwb", "dwn4": "dwn", "dwh": "dwa", "dwbh": "dwb"}.get(part, part)
         results = [(_label(env), _run(child, env)) for env in settings]
         results = [(lab, r) for lab, r in results if r]

@@ -343,7 +343,8 @@ at::Tensor forward_cuda(const at::Tensor& input_, const at::Tensor& weight_,
       void* op_ = out.data_ptr();
       bool ok2 = false;
       if (!cl)
-        ok2 = launch_fwd_nchw_v2(dt, ip, wp, bp, op_, s, false, stream);
+        ok2 = (impl == kImplAuto && launch_fwd_nchw_shfl(dt, ip, wp, bp, op_, s, false, stream)) ||
+              launch_fwd_nchw_v2(dt, ip, wp, bp, op_, s, false, stream);
       else if (impl == kImplAuto)
         ok2 = launch_fwd_nhwc_v2(dt, ip, wp, bp, op_, s, false, stream);
       else
@@ -423,7 +424,8 @@ at::Tensor backward_input_cuda(const at::Tensor& grad_out_, const at::Tensor& in
     bool ok = false;
     if (impl != kImplTiledV1) {
       if (!cl)
-        ok = launch_fwd_nchw_v2(dt, gp, wp, nullptr, xp, s, true, stream);
+        ok = (impl == kImplAuto && launch_fwd_nchw_shfl(dt, gp, wp, nullptr, xp, s, true, stream)) ||
+             launch_fwd_nchw_v2(dt, gp, wp, nullptr, xp, s, true, stream);
       else if (impl == kImplAuto)
         ok = launch_fwd_nhwc_v2(dt, gp, wp, nullptr, xp, s, true, stream);
       else

@@ -79,6 +79,15 @@ bool launch_fwd_nhwc_v2(DType dt, const void* in, const void* w, const void* bia
                         void* out, const FastShape& s, bool flip,
                         cudaStream_t stream);
 
+// Float32 NCHW at stride 1, 3x3 / 5x5 with padding (K-1)/2 along W, W % 4 == 0, 16-byte
+// aligned input and output: one warp per 128 columns x 4 output rows (by default 3x3 only;
+// CUDADOCTOR_OPS_DW_V2_SHFL, depthwise_fwd.cu), loads straight from global memory and the columns
+// around each lane's 16 bytes from its neighbours by shuffles. The default (auto) forward and
+// stride-1 input gradient try it before launch_fwd_nchw_v2; false where it does not apply.
+bool launch_fwd_nchw_shfl(DType dt, const void* in, const void* w, const void* bias,
+                          void* out, const FastShape& s, bool flip,
+                          cudaStream_t stream);
+
 // The second-generation channels_last kernel alone: 16 bytes of channels per
 // thread (8 for 16-bit types, 4 for float32) times several output pixels along
 // W, loaded straight from global memory; needs C a multiple of that and

@@ -941,6 +941,137 @@ int nchw_v2_rows_setting() {
   return v;
 }
 
+// NCHW float32 forward at stride 1 and "same" padding along W (PW = (K-1)/2, K = 3 or 5), for
+// the default forward and stride-1 input gradient (launch_fwd_nchw_shfl, tried before
+// fwd_nchw_v2 by depthwise.cu's "auto"; rows per warp: nchw_shfl_setting): no shared memory and
+// no barrier.
+// One warp computes R output rows x 128 columns of one plane: lane l owns the 4 columns
+// x0 = seg*128 + 4l .. x0+3 and loads, for each of the R+K-1 input rows it needs, its own aligned
+// float4 of those columns (W % 4 == 0: a vector is wholly inside the row or wholly outside, zeros
+// outside). The K-1 columns around the vector come from the neighbouring lanes by shuffles; lane
+// 0 and lane 31 load the P = (K-1)/2 columns beyond the warp's 128 themselves. Every load of the
+// warp is issued before the first FMA: the kernel's critical path is one round trip to memory.
+// Same sums in the same order (kernel row, then column, per output) as the reference kernel.
+template <int K, int R>
+__global__ void __launch_bounds__(256)
+    fwd_nchw_shfl(const float* __restrict__ in, const float* __restrict__ w,
+                  const float* __restrict__ bias, float* __restrict__ out, int C, int H, int W,
+                  int Ho, int PH, int nseg, int nstrip, int64_t nwarps, bool flip) {
+  constexpr int P = (K - 1) / 2;
+  constexpr int NR = R + K - 1;  // input rows of the strip
+  const int64_t gw = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (gw >= nwarps) return;  // whole warps only
+  const int lane = threadIdx.x & 31;
+  const int seg = static_cast<int>(gw % nseg);
+  const int64_t t = gw / nseg;
+  const int strip = static_cast<int>(t % nstrip);
+  const int64_t plane = t / nstrip;
+  const int c = static_cast<int>(plane % C);
+  const int x0 = seg * 128 + lane * 4;
+  const int oy0 = strip * R;
+  const int iy0 = oy0 - PH;
+  const float* ip = in + plane * H * W;
+  const bool xin = x0 < W;
+  // the columns beyond the warp: left of lane 0, right of lane 31
+  const int ex = lane == 0 ? x0 - P : x0 + 4;
+  const bool edge = (lane == 0 || lane == 31);
+
+  float4 v[NR];
+  float e[NR][P];
+#pragma unroll
+  for (int r = 0; r < NR; ++r) {
+    const int iy = iy0 + r;
+    const bool rin = static_cast<unsigned>(iy) < static_cast<unsigned>(H);
+    v[r] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (rin && xin) v[r] = __ldg(reinterpret_cast<const float4*>(ip + static_cast<int64_t>(iy) * W + x0));
+#pragma unroll
+    for (int k = 0; k < P; ++k) {
+      e[r][k] = 0.f;
+      if (rin && edge && static_cast<unsigned>(ex + k) < static_cast<unsigned>(W))
+        e[r][k] = __ldg(ip + static_cast<int64_t>(iy) * W + ex + k);
+    }
+  }
+  float wk[K * K];
+  const float* wp = w + static_cast<int64_t>(c) * K * K;
+#pragma unroll
+  for (int i = 0; i < K * K; ++i) wk[i] = __ldg(wp + (flip ? K * K - 1 - i : i));
+  const float b = bias != nullptr ? __ldg(bias + c) : 0.f;
+
+  float acc[R][4];
+#pragma unroll
+  for (int o = 0; o < R; ++o)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[o][j] = b;
+
+#pragma unroll
+  for (int r = 0; r < NR; ++r) {
+    // the row's window: input columns x0 - P .. x0 + 3 + P
+    float win[4 + 2 * P];
+    const float cur[4] = {v[r].x, v[r].y, v[r].z, v[r].w};
+#pragma unroll
+    for (int k = 0; k < P; ++k) {
+      const float fromleft = __shfl_up_sync(0xffffffffu, cur[4 - P + k], 1);
+      const float fromright = __shfl_down_sync(0xffffffffu, cur[k], 1);
+      win[k] = lane == 0 ? e[r][k] : fromleft;
+      win[4 + P + k] = lane == 31 ? e[r][k] : fromright;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) win[P + j] = cur[j];
+#pragma unroll
+    for (int o = 0; o < R; ++o) {
+      const int ky = r - o;
+      if (ky < 0 || ky >= K) continue;
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int kx = 0; kx < K; ++kx) acc[o][j] = fmaf(win[j + kx], wk[ky * K + kx], acc[o][j]);
+    }
+  }
+  if (!xin) return;
+  float* op = out + plane * Ho * W + x0;
+#pragma unroll
+  for (int o = 0; o < R; ++o)
+    if (oy0 + o < Ho)
+      *reinterpret_cast<float4*>(op + static_cast<int64_t>(oy0 + o) * W) =
+          make_float4(acc[o][0], acc[o][1], acc[o][2], acc[o][3]);
+}
+
+// CUDADOCTOR_OPS_DW_V2_SHFL=2 / 4 / 8: fwd_nchw_shfl with that many rows per warp wherever it
+// applies (3x3 and 5x5); =0 never (fwd_nchw_v2 and its own switches); unset: 4 rows for 3x3, 5x5
+// on fwd_nchw_v2. H200, float32, `scripts/gpu_variants.py dwsh`, 2026-12-01, us, fwd_nchw_v2 /
+// 2 rows / 4 rows, two interleaved children each: 3x3 (1,64,128,128) 7.3, 7.5 / 7.1, 7.0 / 6.9,
+// 7.4 (CUDA graph 8.2, 8.1 / 7.6, 7.6 / 7.3, 7.4; cuDNN 14.4-15.5), (8,64,128,128) 24.9, 24.2 /
+// 25.4, 25.3 / 22.6, 23.0, (1,256,128,128) 14.6, 15.0 / 16.0, 15.8 / 14.0, 14.7, (64,32,112,112)
+// 61.9, 61.1 / 70.4, 70.4 / 55.1, 55.4; 5x5 (32,12,112,112) 20.6, 20.3 / 31.4, 31.1 / 24.9, 25.6.
+// Read once.
+int nchw_shfl_setting() {
+  static const int v = env_choice("CUDADOCTOR_OPS_DW_V2_SHFL", {0, 2, 4, 8}, -1);
+  return v;
+}
+
+// fwd_nchw_shfl for float32 at stride 1 with W % 4 == 0, PW = (K-1)/2 (so Wo == W), 16-byte
+// aligned input and output; false where it does not apply.
+template <int K>
+bool run_nchw_shfl(const float* in, const float* w, const float* bias, float* out,
+                   const FastShape& s, bool flip, int rows, cudaStream_t stream) {
+  if (s.S != 1 || s.PW != (K - 1) / 2 || s.W % 4 != 0 || s.Wo != s.W ||
+      (reinterpret_cast<uintptr_t>(in) & 15u) || (reinterpret_cast<uintptr_t>(out) & 15u))
+    return false;
+  const int nseg = (s.W + 127) / 128;
+  const int nstrip = (s.Ho + rows - 1) / rows;
+  const int64_t nwarps = static_cast<int64_t>(s.N) * s.C * nstrip * nseg;
+  const int64_t blocks = (nwarps + 7) / 8;
+  if (blocks >= (int64_t(1) << 31)) return false;
+  const auto go = [&](auto kernel) {
+    kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(in, w, bias, out, s.C, s.H, s.W, s.Ho,
+                                                              s.PH, nseg, nstrip, nwarps, flip);
+  };
+  if (rows == 8) go(fwd_nchw_shfl<K, 8>);
+  else if (rows == 4) go(fwd_nchw_shfl<K, 4>);
+  else go(fwd_nchw_shfl<K, 2>);
+  return true;
+}
+
 template <typename T, int K, int S, int R>
 void launch_nchw_v2(const void* in, const void* w, const void* bias, void* out,
                     const FastShape& s, bool flip, int BX, int BY, int SP, size_t smem,
@@ -1101,6 +1232,21 @@ bool dispatch_ks_v2(bool nhwc, const void* in, const void* w, const void* bias, 
   CDO_DW_CASE(7, 2)
 #undef CDO_DW_CASE
   return false;
+}
+
+// fwd_nchw_shfl where it applies and is chosen (see nchw_shfl_setting), else false.
+bool dispatch_nchw_shfl(DType dt, const void* in, const void* w, const void* bias, void* out,
+                        const FastShape& s, bool flip, cudaStream_t stream) {
+  if (dt != DType::F32 || s.S != 1 || (s.K != 3 && s.K != 5)) return false;
+  const int set = nchw_shfl_setting();
+  const int rows = set >= 0 ? set : (s.K == 3 ? 4 : 0);
+  if (rows <= 0) return false;
+  const auto* i = static_cast<const float*>(in);
+  const auto* wf = static_cast<const float*>(w);
+  const auto* b = static_cast<const float*>(bias);
+  auto* o = static_cast<float*>(out);
+  return s.K == 3 ? run_nchw_shfl<3>(i, wf, b, o, s, flip, rows, stream)
+                  : run_nchw_shfl<5>(i, wf, b, o, s, flip, rows, stream);
 }
 
 bool dispatch_type_v2(DType dt, bool nhwc, const void* in, const void* w, const void* bias,
@@ -1539,6 +1685,12 @@ bool launch_fwd_nchw_v2(DType dt, const void* in, const void* w, const void* bia
                         cudaStream_t stream) {
   if (s.Ho <= 0 || s.Wo <= 0 || s.N <= 0 || s.C <= 0 || s.H <= 0 || s.W <= 0) return false;
   return dispatch_type_v2(dt, false, in, w, bias, out, s, flip, stream);
+}
+
+bool launch_fwd_nchw_shfl(DType dt, const void* in, const void* w, const void* bias, void* out,
+                          const FastShape& s, bool flip, cudaStream_t stream) {
+  if (s.Ho <= 0 || s.Wo <= 0 || s.N <= 0 || s.C <= 0 || s.H <= 0 || s.W <= 0) return false;
+  return dispatch_nchw_shfl(dt, in, w, bias, out, s, flip, stream);
 }
 
 bool launch_fwd_nhwc_v2_kernel(DType dt, const void* in, const void* w, const void* bias,

@@ -156,10 +156,13 @@ def _depthwise_cases():
         _dw_case("bwd_3x3_s2_channels_last_bf16", 2, 8, 10, 9, 3, stride=2, backward=True,
                  dtype=torch.bfloat16, channels_last=True),
         _dw_case("bwd_direct_4x4", 1, 8, 12, 12, 4, padding=2, backward=True),
-        # float32 NCHW with W % 4 == 0 and 16-byte aligned planes: the cp.async tile kernel (4
-        # output columns per thread at stride 1), forward and, on the flipped filter, the input
-        # gradient; W = 10 above takes the element-load kernels
-        _dw_case("fwd_3x3_cp_async", 2, 8, 12, 16, 3),
+        # float32 NCHW with W % 4 == 0 and 16-byte aligned planes at stride 1: 3x3 runs the warp
+        # kernel (fwd_nchw_shfl: columns from neighbouring lanes by shuffles; W = 136 is two
+        # 128-column segments), 5x5 the cp.async tile kernel (4 output columns per thread), each
+        # forward and, on the flipped filter, for the input gradient; W = 10 above takes the
+        # element-load kernels
+        _dw_case("fwd_3x3_warp_shfl", 2, 8, 12, 16, 3),
+        _dw_case("bwd_3x3_warp_shfl_two_segments", 1, 8, 9, 136, 3, backward=True),
         _dw_case("bwd_5x5_cp_async", 1, 8, 10, 16, 5, backward=True),
         # channels_last float16/bfloat16: the shared-memory tile kernel (nhwc_v3), odd sizes
         _dw_case("fwd_3x3_channels_last_fp16", 2, 24, 30, 37, 3, dtype=torch.float16, channels_last=True),

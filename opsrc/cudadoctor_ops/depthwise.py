@@ -23,6 +23,12 @@ whether a thread loads its first kernel row before the weight barrier from
 run. The stride-1 input gradient runs a forward kernel on the flipped filter:
 ``"auto"`` tries the fourth-generation kernel first there as well, while ``"nhwc_v4"`` does not
 select it there (that path runs the second-generation kernel for it).
+For contiguous float32 at stride 1 with a 3x3 filter, padding 1 along W and W % 4 == 0,
+``"auto"`` runs a warp kernel first, in the forward and in the stride-1 input gradient (no shared
+memory: each lane loads its own 16 bytes of every input row and takes the neighbouring columns
+from the next lanes by shuffles); ``CUDADOCTOR_OPS_DW_V2_SHFL=0`` keeps the second-generation
+kernel there, ``=2 / 4 / 8`` sets its output rows per warp and also runs it for 5x5 (padding 2).
+``"v2"`` never runs it.
 The output keeps the input's memory format (channels_last in, channels_last out).
 """
 

@@ -326,6 +326,9 @@ FWD_FAST_CASES = [
     (1, 8, 20, 20, 7, 1, 0),
     (1, 8, 20, 20, 7, 1, 2),
     (1, 8, 20, 20, 7, 1, 5),
+    # rows of three 128-column warp segments, the last one partly outside (fwd_nchw_shfl)
+    (1, 8, 9, 260, 3, 1, 1),
+    (1, 8, 11, 260, 5, 1, 2),
 ]
 
 FWD_TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
@@ -1129,6 +1132,9 @@ def test_auto_without_nhwc_v4_in_subprocess():
 # CUDADOCTOR_OPS_DW_V2_COLV=0 the strided columns. Each setting runs the float32 contiguous forward cases above (chunk copies where
 # W % 4 == 0, element loads elsewhere), every forward+backward case (the stride-1 input gradient
 # runs the same kernel on the flipped filter) and a misaligned data pointer, against float64.
+# The default ("auto") runs 3x3 planes of W % 4 == 0 on fwd_nchw_shfl instead (a warp per 4 output
+# rows x 128 columns, no shared memory), so the settings of fwd_nchw_v2 come with
+# CUDADOCTOR_OPS_DW_V2_SHFL=0; =2 / 8 run the warp kernel with that many rows, and 5x5 on it too.
 _V2_STAGING_SCRIPT = r"""
 import os
 import sys
@@ -1151,15 +1157,16 @@ for name, check in checks:
         failures.append(f"{name}: {exc}")
 # the kernel this setting runs for a 3x3 stride-1 padding-1 aligned float32 plane (16 x 16)
 expect = os.environ.get("DW_EXPECT_KERNEL", "")
+impl = os.environ.get("DW_EXPECT_IMPL", "auto")
 if expect:
     x = torch.randn(2, 16, 16, 16, device="cuda")
     w = torch.randn(16, 1, 3, 3, device="cuda")
-    t.depthwise_conv2d(x, w, None, 1, 1)
+    t.depthwise_conv2d(x, w, None, 1, 1, impl=impl)
     torch.cuda.synchronize()
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        t.depthwise_conv2d(x, w, None, 1, 1)
+        t.depthwise_conv2d(x, w, None, 1, 1, impl=impl)
         torch.cuda.synchronize()
     keys = [e.key for e in prof.key_averages()]
     if not any(expect in k for k in keys):
@@ -1174,21 +1181,31 @@ sys.exit(1 if failures else 0)
 # rows, columns per thread, ASYNC, LEAN, COLV window offset or -1). LEAN runs at stride 1
 # only without COLV, hence COLV=0 in its settings.
 _V2 = "fwd_nchw_v2<float, 3, 1, "
+_NOSH = {"CUDADOCTOR_OPS_DW_V2_SHFL": "0"}  # fwd_nchw_v2 on 3x3 (else fwd_nchw_shfl by default)
 _LEAN = {"CUDADOCTOR_OPS_DW_V2_LEAN": "1", "CUDADOCTOR_OPS_DW_V2_COLV": "0"}
 _V2_STAGING = {
-    "register-staging": ({"CUDADOCTOR_OPS_DW_V2_ASYNC": "0"}, _V2 + "2, 4, false, false, -1>"),
-    "async-rows-8": ({"CUDADOCTOR_OPS_DW_V2_ROWS": "8"}, _V2 + "8, 4, true, false, 3>"),
-    "register-rows-8": ({"CUDADOCTOR_OPS_DW_V2_ASYNC": "0", "CUDADOCTOR_OPS_DW_V2_ROWS": "8"},
+    "register-staging": ({"CUDADOCTOR_OPS_DW_V2_ASYNC": "0", **_NOSH}, _V2 + "2, 4, false, false, -1>"),
+    "async-rows-8": ({"CUDADOCTOR_OPS_DW_V2_ROWS": "8", **_NOSH}, _V2 + "8, 4, true, false, 3>"),
+    "register-rows-8": ({"CUDADOCTOR_OPS_DW_V2_ASYNC": "0", "CUDADOCTOR_OPS_DW_V2_ROWS": "8", **_NOSH},
                         _V2 + "8, 4, false, false, -1>"),
-    "lean": (_LEAN, _V2 + "2, 4, true, true, -1>"),
-    "lean-rows-8": (dict(_LEAN, CUDADOCTOR_OPS_DW_V2_ROWS="8"), _V2 + "8, 4, true, true, -1>"),
-    "lean-rows-4": (dict(_LEAN, CUDADOCTOR_OPS_DW_V2_ROWS="4"), _V2 + "4, 4, true, true, -1>"),
-    "async-rows-4": ({"CUDADOCTOR_OPS_DW_V2_ROWS": "4"}, _V2 + "4, 4, true, false, 3>"),
-    "strided-columns": ({"CUDADOCTOR_OPS_DW_V2_COLV": "0"}, _V2 + "2, 4, true, false, -1>"),
-    "colv-rows-8": ({"CUDADOCTOR_OPS_DW_V2_COLV": "1", "CUDADOCTOR_OPS_DW_V2_ROWS": "8"},
+    "lean": (dict(_LEAN, **_NOSH), _V2 + "2, 4, true, true, -1>"),
+    "lean-rows-8": (dict(_LEAN, CUDADOCTOR_OPS_DW_V2_ROWS="8", **_NOSH), _V2 + "8, 4, true, true, -1>"),
+    "lean-rows-4": (dict(_LEAN, CUDADOCTOR_OPS_DW_V2_ROWS="4", **_NOSH), _V2 + "4, 4, true, true, -1>"),
+    "async-rows-4": ({"CUDADOCTOR_OPS_DW_V2_ROWS": "4", **_NOSH}, _V2 + "4, 4, true, false, 3>"),
+    "strided-columns": ({"CUDADOCTOR_OPS_DW_V2_COLV": "0", **_NOSH}, _V2 + "2, 4, true, false, -1>"),
+    "colv-rows-8": ({"CUDADOCTOR_OPS_DW_V2_COLV": "1", "CUDADOCTOR_OPS_DW_V2_ROWS": "8", **_NOSH},
                     _V2 + "8, 4, true, false, 3>"),
-    "colv-rows-4": ({"CUDADOCTOR_OPS_DW_V2_COLV": "1", "CUDADOCTOR_OPS_DW_V2_ROWS": "4"},
+    "colv-rows-4": ({"CUDADOCTOR_OPS_DW_V2_COLV": "1", "CUDADOCTOR_OPS_DW_V2_ROWS": "4", **_NOSH},
                     _V2 + "4, 4, true, false, 3>"),
+    # fwd_nchw_shfl (float32, stride 1, padding (K-1)/2 along W, W % 4 == 0; by default 4 rows
+    # for 3x3, impl "auto" only): a warp per 2 / 4 / 8 output rows x 128 columns, neighbouring
+    # columns by shuffles
+    "default": ({}, "fwd_nchw_shfl<3, 4>"),
+    "shfl-rows-2": ({"CUDADOCTOR_OPS_DW_V2_SHFL": "2"}, "fwd_nchw_shfl<3, 2>"),
+    "shfl-rows-8": ({"CUDADOCTOR_OPS_DW_V2_SHFL": "8"}, "fwd_nchw_shfl<3, 8>"),
+    "shfl-off": (_NOSH, _V2 + "2, 4, true, false, 3>"),
+    # impl="v2" (the bench's previous-kernel column) runs fwd_nchw_v2, never the warp kernel
+    "impl-v2": ({"DW_EXPECT_IMPL": "v2"}, _V2 + "2, 4, true, false, 3>"),
 }
 
 
