@@ -951,7 +951,8 @@ int nchw_v2_rows_setting() {
 // outside). The K-1 columns around the vector come from the neighbouring lanes by shuffles; lane
 // 0 and lane 31 load the P = (K-1)/2 columns beyond the warp's 128 themselves. Every load of the
 // warp is issued before the first FMA: the kernel's critical path is one round trip to memory.
-// Same sums in the same order (kernel row, then column, per output) as the reference kernel.
+// Per output: the bias, then the taps by kernel row, then column, as in the reference kernel;
+// taps outside the image add 0 * w (the reference skips them).
 template <int K, int R>
 __global__ void __launch_bounds__(256)
     fwd_nchw_shfl(const float* __restrict__ in, const float* __restrict__ w,
