@@ -1235,21 +1235,6 @@ bool dispatch_ks_v2(bool nhwc, const void* in, const void* w, const void* bias, 
   return false;
 }
 
-// fwd_nchw_shfl where it applies and is chosen (see nchw_shfl_setting), else false.
-bool dispatch_nchw_shfl(DType dt, const void* in, const void* w, const void* bias, void* out,
-                        const FastShape& s, bool flip, cudaStream_t stream) {
-  if (dt != DType::F32 || s.S != 1 || (s.K != 3 && s.K != 5)) return false;
-  const int set = nchw_shfl_setting();
-  const int rows = set >= 0 ? set : (s.K == 3 ? 4 : 0);
-  if (rows <= 0) return false;
-  const auto* i = static_cast<const float*>(in);
-  const auto* wf = static_cast<const float*>(w);
-  const auto* b = static_cast<const float*>(bias);
-  auto* o = static_cast<float*>(out);
-  return s.K == 3 ? run_nchw_shfl<3>(i, wf, b, o, s, flip, rows, stream)
-                  : run_nchw_shfl<5>(i, wf, b, o, s, flip, rows, stream);
-}
-
 bool dispatch_type_v2(DType dt, bool nhwc, const void* in, const void* w, const void* bias,
                       void* out, const FastShape& s, bool flip, cudaStream_t stream) {
   switch (dt) {
@@ -1688,10 +1673,20 @@ bool launch_fwd_nchw_v2(DType dt, const void* in, const void* w, const void* bia
   return dispatch_type_v2(dt, false, in, w, bias, out, s, flip, stream);
 }
 
+// fwd_nchw_shfl where it applies (run_nchw_shfl's conditions) and is chosen (nchw_shfl_setting).
 bool launch_fwd_nchw_shfl(DType dt, const void* in, const void* w, const void* bias, void* out,
                           const FastShape& s, bool flip, cudaStream_t stream) {
   if (s.Ho <= 0 || s.Wo <= 0 || s.N <= 0 || s.C <= 0 || s.H <= 0 || s.W <= 0) return false;
-  return dispatch_nchw_shfl(dt, in, w, bias, out, s, flip, stream);
+  if (dt != DType::F32 || (s.K != 3 && s.K != 5)) return false;
+  const int set = nchw_shfl_setting();
+  const int rows = set >= 0 ? set : (s.K == 3 ? 4 : 0);
+  if (rows <= 0) return false;
+  const auto* i = static_cast<const float*>(in);
+  const auto* wf = static_cast<const float*>(w);
+  const auto* b = static_cast<const float*>(bias);
+  auto* o = static_cast<float*>(out);
+  return s.K == 3 ? run_nchw_shfl<3>(i, wf, b, o, s, flip, rows, stream)
+                  : run_nchw_shfl<5>(i, wf, b, o, s, flip, rows, stream);
 }
 
 bool launch_fwd_nhwc_v2_kernel(DType dt, const void* in, const void* w, const void* bias,
