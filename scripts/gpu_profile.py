@@ -1,6 +1,6 @@
 """Kernel-level breakdown of cudadoctor_ops against torch on a few cases, for tuning.
 
-    python scripts/gpu_profile.py [bn] [cbr] [cbrnchw] [cbrbf16] [cbrfp16] [dw] [cbrstats] [bnmiss] [dwt]
+    python scripts/gpu_profile.py [bn] [cbr] [cbrnchw] [cbrbf16] [cbrfp16] [dw] [cbrstats] [bnmiss] [dwt] [dwmiss]
 
 Per case and side (ours / torch): the GPU time of one call from CUDA events with an L2 flush
 before it (as the bench measures), the host time of one call (perf_counter over 200 calls without
@@ -229,13 +229,8 @@ def cbrstats() -> None:
         print("  ", cudnn_stats.status())
 
 
-def dw() -> None:
-    for n, c, h, w_, k, s, dt, cl in [(64, 144, 56, 56, 3, 1, torch.float16, True),
-                                      (64, 96, 112, 112, 3, 2, torch.float16, True),
-                                      (64, 576, 14, 14, 3, 1, torch.bfloat16, True),
-                                      (64, 1152, 7, 7, 5, 1, torch.float16, True),
-                                      (64, 240, 28, 28, 5, 1, torch.float16, True),
-                                      (1, 64, 128, 128, 3, 1, torch.float32, False)]:
+def _dw_cases(cases) -> None:
+    for n, c, h, w_, k, s, dt, cl in cases:
         x, wt = dw_tensors(n, c, h, w_, k, dt, cl)
         p = k // 2
         tag = f"DW {(n, c, h, w_)} k{k} s{s} {dt} {'nhwc' if cl else 'nchw'}"
@@ -250,9 +245,27 @@ def dw() -> None:
              lambda: torch.autograd.grad(yt, (xg, wg), g, retain_graph=True))
 
 
+def dw() -> None:
+    _dw_cases([(64, 144, 56, 56, 3, 1, torch.float16, True),
+               (64, 96, 112, 112, 3, 2, torch.float16, True),
+               (64, 576, 14, 14, 3, 1, torch.bfloat16, True),
+               (64, 1152, 7, 7, 5, 1, torch.float16, True),
+               (64, 240, 28, 28, 5, 1, torch.float16, True),
+               (1, 64, 128, 128, 3, 1, torch.float32, False)])
+
+
+def dwmiss() -> None:
+    """The channels-last depthwise rows of the late-2026 benches below cuDNN: 3x3 on 7x7 planes
+    (forward and backward) and the (64,192,28,28) backward."""
+    _dw_cases([(64, 960, 7, 7, 3, 1, torch.float16, True),
+               (64, 960, 7, 7, 3, 1, torch.bfloat16, True),
+               (64, 1152, 7, 7, 3, 1, torch.float16, True),
+               (64, 192, 28, 28, 3, 1, torch.float16, True)])
+
+
 if __name__ == "__main__":
     print(torch.__version__, torch.cuda.get_device_name())
     torch.backends.cudnn.benchmark = True
     for part in sys.argv[1:] or ["bn", "cbr", "dw"]:
         {"bn": bn, "cbr": cbr, "cbrnchw": cbrnchw, "cbrbf16": cbrbf16, "cbrfp16": cbrfp16, "dw": dw, "cbrstats": cbrstats, "bnmiss": bnmiss,
-         "dwt": dwt}[part]()
+         "dwt": dwt, "dwmiss": dwmiss}[part]()

@@ -55,6 +55,10 @@
          default), each twice, interleaved
     dww  depthwise channels_last weight gradient alone (CUDADOCTOR_OPS_DW_WGRAD_SMEM=0 / 1, _PF), against
          torch's convolution_backward for the weight alone
+    dwv3 the layers of the shared-memory weight gradient (stride 1, planes up to 32x32), backward
+         (dX + dW) and weight gradient alone: default against CUDADOCTOR_OPS_DW_WGRAD_V3_AK=0 (one
+         kernel row per thread), _DB=1 with _KB=96 (two band buffers in 96 KB), _KB=96 (one larger
+         band), _UPB=1 / 2 (at most 1 / 2 units per block); default again last
 
 Each line: the case, then ms per setting and torch's ms, and the ratio torch / ours per setting.
 Timing as the bench (cudadoctor_ops.bench.Timer: triton do_bench medians, L2 flush before each
@@ -128,6 +132,10 @@ DWBH_SETTINGS = [{}, _H0, _H1, {}, _H0, _H1]
 _SH4 = {"CUDADOCTOR_OPS_DW_V2_SHFL": "4"}
 _SH8 = {"CUDADOCTOR_OPS_DW_V2_SHFL": "8"}
 DWSH_SETTINGS = [_NOSH, _SH4, _SH8, _NOSH, _SH4, _SH8]
+_AK0 = {"CUDADOCTOR_OPS_DW_WGRAD_V3_AK": "0"}
+DWV3_SETTINGS = [{}, _AK0, {"CUDADOCTOR_OPS_DW_WGRAD_V3_DB": "1", "CUDADOCTOR_OPS_DW_WGRAD_V3_KB": "96"},
+                 {"CUDADOCTOR_OPS_DW_WGRAD_V3_KB": "96"}, {"CUDADOCTOR_OPS_DW_WGRAD_V3_UPB": "1"},
+                 {"CUDADOCTOR_OPS_DW_WGRAD_V3_UPB": "2"}, {}]
 DWW_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "0"}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "1"}, {"CUDADOCTOR_OPS_DW_WGRAD_PF": "1"},
                 {"CUDADOCTOR_OPS_DW_WGRAD_PF": "2"}]
 
@@ -288,6 +296,32 @@ def _child(part: str) -> None:
                 del g
             del x, wt
             torch.cuda.empty_cache()
+    elif part == "dwv3":
+        for _, n, c, h, w_, k, s in MOBILE_LAYERS:
+            if s != 1 or h * w_ > 32 * 32:
+                continue
+            for dt in (torch.float16, torch.bfloat16):
+                x = torch.randn(n, c, h, w_, device="cuda", dtype=dt).to(memory_format=torch.channels_last)
+                wt = torch.randn(c, 1, k, k, device="cuda", dtype=dt)
+                p = k // 2
+                st, pd, dl = [1, 1], [p, p], [1, 1]
+                g = torch.randn_like(F.conv2d(x, wt, None, 1, p, 1, c))
+                ours, theirs = backward_calls(g, x, wt, st, pd, dl)
+                a, b = ours(), theirs()
+                ok = max(err(a[0], b[0]), err(a[1], b[1])) < 2e-2
+                out.append([f"dw bwd k{k} {(n, c, h, w_)} {str(dt)[6:]}", timer(ours), timer(theirs), ok])
+
+                def ours_w():
+                    return ops.depthwise_conv2d_backward_weight(g, x, wt, st, pd, dl, False, 0)[0]
+
+                def theirs_w():
+                    return torch.ops.aten.convolution_backward(
+                        g, x, wt, None, st, pd, dl, False, [0, 0], c, [False, True, False])[1]
+
+                ok = err(ours_w(), theirs_w()) < 2e-2
+                out.append([f"dw wgrad k{k} {(n, c, h, w_)} {str(dt)[6:]}", timer(ours_w), timer(theirs_w), ok])
+                del x, wt, g
+                torch.cuda.empty_cache()
     elif part in ("dw", "dwa", "dwb", "dww"):
         for _, n, c, h, w_, k, s in MOBILE_LAYERS:
             for dt in (torch.float16, torch.bfloat16):
@@ -360,7 +394,7 @@ def main(argv: list[str]) -> int:
                     "dw": DW_SETTINGS, "dwn": DWN_SETTINGS, "dwn4": DWN4_SETTINGS,
                     "dwb": DWB_SETTINGS, "dwb4": DWB4_SETTINGS, "dww": DWW_SETTINGS,
                     "dwh": DWH_SETTINGS, "dwbh": DWBH_SETTINGS,
-                    "dwsh": DWSH_SETTINGS}[part]
+                    "dwsh": DWSH_SETTINGS, "dwv3": DWV3_SETTINGS}[part]
         child = {"dwb4": "dwb", "dwn4": "dwn", "dwh": "dwa", "dwbh": "dwb"}.get(part, part)
         results = [(_label(env), _run(child, env)) for env in settings]
         results = [(lab, r) for lab, r in results if r]

@@ -16,9 +16,13 @@
 //       [P][K*K+1][C]. CUDADOCTOR_OPS_DW_WGRAD_V1=1 (read once) selects v1.
 // NCHW always runs wgrad_nchw.
 #include <cstdlib>
+#include <mutex>
+#include <set>
+#include <utility>
 
 #include "async_copy.cuh"
 #include "depthwise.cuh"
+#include "env_setting.h"
 
 namespace cudadoctor_ops {
 namespace depthwise {
@@ -868,25 +872,38 @@ bool dispatch(DType dt, const void* go, const void* in, void* gw, void* gb, floa
 // On by default for output planes up to 32x32 pixels; CUDADOCTOR_OPS_DW_WGRAD_SMEM=0|1 (see mode()).
 //
 // Block = a group of 32 channels (64 bytes per pixel) and a run of work units, a unit being a
-// band of TH output rows of one image (the whole image where both planes fit 48 KB of shared
-// memory, e.g. 14x14 and 7x7; bands of 8 rows at 28x28 5x5). Threads: (16 channel pairs) x K
-// kernel rows x SY row slices. Per unit the block copies the band's TH + K - 1 input rows,
-// zero-padded by PW on both sides (rows above or below the image zeroed), and its TH dY rows into
-// shared memory (cp.async, 16-byte pieces; the side halo is zeroed once), then thread
-// (cp, kh, sy) walks the band's output rows sy, sy + SY, ..: along a row it keeps the K input
-// pairs of the current window as float2 in a ring (one new input pair and one dY pair per step,
-// both from shared memory) and adds K taps x 2 channels. Row pitches of both planes are odd
-// numbers of pixels, so neighbouring kernel rows / output rows in one warp fall into the other
-// 16 banks. The block then sums its SY slices per (tap, channel) in a fixed order and writes
+// band of TH output rows of one image (the whole image where both planes fit the shared-memory
+// budget, e.g. 14x14 and 7x7; bands at 28x28). Per unit the block copies the band's TH + K - 1
+// input rows, zero-padded by PW on both sides (rows above or below the image zeroed), and its TH
+// dY rows into shared memory (cp.async, 16-byte pieces; the side halo is zeroed once). Row
+// pitches of both planes are odd numbers of pixels, so neighbouring rows in one warp fall into the
+// other 16 banks. Two thread layouts (template flag AK):
+//   - 5x5 / 7x7 (and 3x3 with CUDADOCTOR_OPS_DW_WGRAD_V3_AK=0): threads (16 channel pairs) x K
+//     kernel rows x SY row slices; thread (cp, kh, sy) walks the band's output rows sy, sy + SY, ..
+//     keeping the K input pairs of its kernel row's window as float2 in a ring (one new input pair
+//     and one dY pair per step) and adds K taps x 2 channels. 48 KB of bands.
+//   - AK, 3x3 by default: threads (16 channel pairs) x 15 slices; a thread owns all 9 taps of its
+//     pair and walks work items (output row, column segment; ak_segments), per step one dY pair
+//     and 3 input pairs (one ring per kernel row) for 18 FMAs, so each dY pair is loaded and
+//     converted once instead of once per kernel row. 96 KB of bands (opt-in): 28x28 in 2 bands of
+//     14 rows instead of 3 of 10.
+// The block then sums its slices per (tap, channel) in a fixed order and writes
 // ws [blockIdx.x][K*K+1][C] as v2 does; wgrad_finish_v2 sums the blocks. Where v2 (reading global
 // memory, one kernel row of 4 channels per thread) is latency-bound on 14x14 planes: 5x5 float16
 // (64,672,14,14) 105 us against cuDNN's 61 us.
+// H200, scripts/gpu_variants.py dwv3, 2026-12-01, batch 64, weight gradient alone / dX + dW, us,
+// AK (96 KB) against one kernel row per thread (48 KB), cuDNN last: float16 3x3 (64,192,28,28)
+// 31.1 / 50.5 against 39.2 / 57.5 (cuDNN 34.7 / 55.9), (64,576,14,14) 27.1 / 43.9 against 31.7 /
+// 50.0, (64,960,7,7) 20.1 / 29.9 against 22.1 / 33.8 (cuDNN 17.8 / 40.5). Tried there and left
+// opt-in, slower on these layers: two band buffers (DB, the next unit's copies in flight during
+// this one's FMAs; in 48 KB its bands are half as tall: (64,240,28,28) 5x5 72.7 against 64.3 us,
+// in 96 KB 35.8 against 31.1 at (64,192,28,28)), at most 1 or 2 units per block (UPB; 7x7 3x3
+// 25.7 / 21.9 against 20.1 us).
 namespace v3 {
 
 constexpr int kCB = 32;       // channels per block
 constexpr int kPairs = kCB / 2;
 constexpr int kWords = kCB / 2;  // 32-bit words per pixel (two 16-bit channels each)
-constexpr size_t kMaxSmem = 48 * 1024;
 
 template <typename T>
 __device__ __forceinline__ float2 pair(uint32_t w) {
@@ -907,110 +924,177 @@ inline size_t band_bytes(int TH, int K, int pitchI, int pitchG) {
   return (static_cast<size_t>(TH + K - 1) * pitchI + static_cast<size_t>(TH) * pitchG) * kWords * 4;
 }
 
-// The band height: all Ho rows where they fit kMaxSmem, else as even bands as the largest
-// fitting height allows; TH = 0 when not even one row fits.
-inline Geo geometry(const FastShape& s, int K, int SY) {
+// The band height: all Ho rows where `buffers` bands fit `smem` bytes, else as even bands as the
+// largest fitting height allows; TH = 0 when not even one row fits. SY: the reduction's slices.
+inline Geo geometry(const FastShape& s, int K, int SY, int buffers, size_t smem) {
   Geo g;
   g.Wp = s.W + 2 * s.PW;
   g.pitchI = odd_up(g.Wp);
   g.pitchG = odd_up(s.Wo);
+  const size_t budget = smem / static_cast<size_t>(buffers);
   int most = s.Ho;
-  while (most > 0 && band_bytes(most, K, g.pitchI, g.pitchG) > kMaxSmem) --most;
+  while (most > 0 && band_bytes(most, K, g.pitchI, g.pitchG) > budget) --most;
   g.TH = 0;
   g.bands = 0;
   g.smem = 0;
   if (most < 1) return g;
   g.bands = (s.Ho + most - 1) / most;
   g.TH = (s.Ho + g.bands - 1) / g.bands;
-  const size_t planes = band_bytes(g.TH, K, g.pitchI, g.pitchG);
+  const size_t planes = band_bytes(g.TH, K, g.pitchI, g.pitchG) * static_cast<size_t>(buffers);
   const size_t red = static_cast<size_t>(SY) * (K * K + 1) * kCB * sizeof(float);
   g.smem = planes > red ? planes : red;
   return g;
 }
 
-template <typename T, int K>
-__global__ void __launch_bounds__(kPairs * K * (K == 3 ? 5 : K == 5 ? 3 : 2))
+// Threads of a block: kPairs channel pairs x K kernel rows x slices(K) row slices, or with AK
+// (all kernel rows per thread, 3x3 only) kPairs x 1 x K * slices(K): the same count either way.
+constexpr int slices(int K) { return K == 3 ? 5 : K == 5 ? 3 : 2; }
+constexpr int block_threads(int K) { return kPairs * K * slices(K); }
+
+// Copies unit u's band (its input rows, zeros outside the image, and its dY rows) into one band
+// buffer: cp.async 16-byte pieces, plain zero stores where there is nothing to copy.
+template <typename T>
+__device__ __forceinline__ void stage_band(const T* __restrict__ go, const T* __restrict__ in,
+                                           uint32_t* sIn, uint32_t* sG, int64_t u, int tid,
+                                           int nthr, int c0, int C, int H, int W, int Ho, int Wo,
+                                           int PH, int PW, int pitchI, int pitchG, int TH,
+                                           int bands, int K) {
+  constexpr int kPieces = kCB * int(sizeof(T)) / 16;  // 16-byte pieces per pixel
+  const int64_t n = u / bands;
+  const int oy0 = static_cast<int>(u - n * bands) * TH;
+  const int rows = min(TH, Ho - oy0);
+  const int rin = rows + K - 1;
+  const T* xin = in + n * H * W * C + c0;
+  for (int i = tid; i < rin * W * kPieces; i += nthr) {
+    const int pix = i / kPieces, q = i - pix * kPieces;
+    const int r = pix / W, x = pix - r * W;
+    const int iy = oy0 + r - PH;
+    uint32_t* dst = sIn + (static_cast<size_t>(r) * pitchI + (x + PW)) * kWords + q * 4;
+    if (iy >= 0 && iy < H && c0 + q * 8 < C)
+      cp_async16(dst, xin + (static_cast<int64_t>(iy) * W + x) * C + q * 8);
+    else
+      *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
+  }
+  const T* gin = go + (n * Ho + oy0) * Wo * C + c0;
+  for (int i = tid; i < rows * Wo * kPieces; i += nthr) {
+    const int pix = i / kPieces, q = i - pix * kPieces;
+    const int r = pix / Wo, x = pix - r * Wo;
+    uint32_t* dst = sG + (static_cast<size_t>(r) * pitchG + x) * kWords + q * 4;
+    if (c0 + q * 8 < C)
+      cp_async16(dst, gin + static_cast<int64_t>(pix) * C + q * 8);
+    else
+      *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
+// DB: two band buffers; the copies of unit u + 1 are in flight while unit u is computed (one
+// commit group per unit). Without it, each unit is copied, waited for and computed in turn.
+// AK (K == 3): a thread (cp, 0, sy) owns all K x K taps of its channel pair and walks output rows
+// sy, sy + SY, ..: per step one dY pair and K input pairs (one per kernel row, each window a
+// ring), K*K*2 FMAs; without AK a thread owns one kernel row (K taps), and the K threads of an
+// output row each load and convert its dY pair.
+template <typename T, int K, bool DB, bool AK>
+__global__ void __launch_bounds__(block_threads(K))
     wgrad_nhwc_v3(const T* __restrict__ go, const T* __restrict__ in, float* __restrict__ ws,
                   int C, int H, int W, int Ho, int Wo, int PH, int PW, int Wp, int pitchI,
-                  int pitchG, int TH, int bands, int64_t units) {
+                  int pitchG, int TH, int bands, int nseg, int L, int64_t units) {
+  static_assert(!AK || K == 3, "all kernel rows per thread: 3x3 only");
   constexpr int KK = K * K;
+  constexpr int KR = AK ? K : 1;  // kernel rows per thread
   extern __shared__ __align__(16) uint32_t v3_smem[];
   const int SY = blockDim.z;
-  const int cp = threadIdx.x, kh = threadIdx.y, sy = threadIdx.z;
-  const int tid = (sy * K + kh) * kPairs + cp;
-  const int nthr = kPairs * K * SY;
+  const int cp = threadIdx.x, sy = threadIdx.z;
+  const int kh0 = AK ? 0 : threadIdx.y;  // the thread's first kernel row
+  const int tid = (sy * blockDim.y + threadIdx.y) * kPairs + cp;
+  const int nthr = kPairs * blockDim.y * SY;
   const int c0 = blockIdx.y * kCB;
   const int RI = TH + K - 1;  // input rows of a band
-  uint32_t* sIn = v3_smem;                                         // [RI][pitchI][kWords]
-  uint32_t* sG = v3_smem + static_cast<size_t>(RI) * pitchI * kWords;  // [TH][pitchG][kWords]
-  const bool bias = kh == 0;
+  const size_t inWords = static_cast<size_t>(RI) * pitchI * kWords;
+  const size_t bandWords = inWords + static_cast<size_t>(TH) * pitchG * kWords;
+  const bool bias = AK || kh0 == 0;
   const int64_t u0 = static_cast<int64_t>(blockIdx.x) * units / gridDim.x;
   const int64_t u1 = static_cast<int64_t>(blockIdx.x + 1) * units / gridDim.x;
 
   // the side halo (and the pitch padding) is zero for good: the copies write columns
   // PW .. PW + W - 1 only
-  for (int i = tid; i < RI * pitchI; i += nthr) {
-    const int px = i % pitchI;
-    if (px < PW || px >= PW + W) {
+  for (int b = 0; b < (DB ? 2 : 1); ++b) {
+    uint32_t* sIn = v3_smem + b * bandWords;
+    for (int i = tid; i < RI * pitchI; i += nthr) {
+      const int px = i % pitchI;
+      if (px < PW || px >= PW + W) {
 #pragma unroll
-      for (int w = 0; w < kWords; ++w) sIn[static_cast<size_t>(i) * kWords + w] = 0u;
+        for (int w = 0; w < kWords; ++w) sIn[static_cast<size_t>(i) * kWords + w] = 0u;
+      }
     }
   }
 
-  float2 acc[K];
+  float2 acc[KR][K];
   float2 bacc = make_float2(0.f, 0.f);
 #pragma unroll
-  for (int k = 0; k < K; ++k) acc[k] = make_float2(0.f, 0.f);
-
-  constexpr int kPieces = kCB * int(sizeof(T)) / 16;  // 16-byte pieces per pixel
-  for (int64_t u = u0; u < u1; ++u) {
-    const int64_t n = u / bands;
-    const int oy0 = static_cast<int>(u - n * bands) * TH;
-    const int rows = min(TH, Ho - oy0);  // output rows of this band
-    const int rin = rows + K - 1;
-    // ---- stage the band: input rows oy0 - PH .. (zeros outside the image), dY rows oy0 .. ----
-    const T* xin = in + n * H * W * C + c0;
-    for (int i = tid; i < rin * W * kPieces; i += nthr) {
-      const int pix = i / kPieces, q = i - pix * kPieces;
-      const int r = pix / W, x = pix - r * W;
-      const int iy = oy0 + r - PH;
-      uint32_t* dst = sIn + (static_cast<size_t>(r) * pitchI + (x + PW)) * kWords + q * 4;
-      if (iy >= 0 && iy < H && c0 + q * 8 < C)
-        cp_async16(dst, xin + (static_cast<int64_t>(iy) * W + x) * C + q * 8);
-      else
-        *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
-    }
-    const T* gin = go + (n * Ho + oy0) * Wo * C + c0;
-    for (int i = tid; i < rows * Wo * kPieces; i += nthr) {
-      const int pix = i / kPieces, q = i - pix * kPieces;
-      const int r = pix / Wo, x = pix - r * Wo;
-      uint32_t* dst = sG + (static_cast<size_t>(r) * pitchG + x) * kWords + q * 4;
-      if (c0 + q * 8 < C)
-        cp_async16(dst, gin + static_cast<int64_t>(pix) * C + q * 8);
-      else
-        *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
-    }
-    cp_async_wait_all();
-    __syncthreads();
-
-    // ---- taps of kernel row kh for channel pair cp over the band's rows sy, sy + SY, .. ----
-    for (int oy = sy; oy < rows; oy += SY) {
-      const uint32_t* ir = sIn + static_cast<size_t>(oy + kh) * pitchI * kWords + cp;
-      const uint32_t* gr = sG + static_cast<size_t>(oy) * pitchG * kWords + cp;
-      float2 win[K];
+  for (int r = 0; r < KR; ++r)
 #pragma unroll
-      for (int j = 0; j < K - 1; ++j) win[j] = pair<T>(ir[j * kWords]);
-      for (int ox0 = 0; ox0 < Wo; ox0 += K) {
+    for (int k = 0; k < K; ++k) acc[r][k] = make_float2(0.f, 0.f);
+
+  if (DB && u0 < u1) {
+    stage_band<T>(go, in, v3_smem, v3_smem + inWords, u0, tid, nthr, c0, C, H, W, Ho, Wo, PH, PW,
+                  pitchI, pitchG, TH, bands, K);
+    cp_async_commit();
+  }
+  for (int64_t u = u0; u < u1; ++u) {
+    const int buf = DB ? static_cast<int>((u - u0) & 1) : 0;
+    uint32_t* sIn = v3_smem + buf * bandWords;
+    uint32_t* sG = sIn + inWords;
+    if constexpr (DB) {
+      if (u + 1 < u1) {
+        uint32_t* nIn = v3_smem + (buf ^ 1) * bandWords;
+        stage_band<T>(go, in, nIn, nIn + inWords, u + 1, tid, nthr, c0, C, H, W, Ho, Wo, PH, PW,
+                      pitchI, pitchG, TH, bands, K);
+        cp_async_commit();
+        cp_async_wait_group<1>();
+      } else {
+        cp_async_wait_all();
+      }
+    } else {
+      stage_band<T>(go, in, sIn, sG, u, tid, nthr, c0, C, H, W, Ho, Wo, PH, PW, pitchI, pitchG,
+                    TH, bands, K);
+      cp_async_wait_all();
+    }
+    __syncthreads();
+    const int64_t n = u / bands;
+    const int rows = min(TH, Ho - static_cast<int>(u - n * bands) * TH);  // output rows of this band
+
+    // ---- taps of kernel rows kh0 .. kh0 + KR - 1 for channel pair cp over the band's work items
+    // (output row, column segment of L) sy, sy + SY, .. (nseg segments per row; rows first, so
+    // the two slices of a warp read rows an odd pitch apart: the other 16 banks) ----
+    const int rstep = pitchI * kWords;
+    const int items = rows * nseg;
+    for (int it = sy; it < items; it += SY) {
+      const int seg = it / rows;
+      const int oy = it - seg * rows;
+      const int x0 = seg * L;
+      const int len = min(L, Wo - x0);
+      const uint32_t* ir = sIn + (static_cast<size_t>(oy + kh0) * pitchI + x0) * kWords + cp;
+      const uint32_t* gr = sG + (static_cast<size_t>(oy) * pitchG + x0) * kWords + cp;
+      float2 win[KR][K];
+#pragma unroll
+      for (int r = 0; r < KR; ++r)
+#pragma unroll
+        for (int j = 0; j < K - 1; ++j) win[r][j] = pair<T>(ir[r * rstep + j * kWords]);
+      for (int ox0 = 0; ox0 < len; ox0 += K) {
 #pragma unroll
         for (int u2 = 0; u2 < K; ++u2) {
-          if (ox0 + u2 < Wo) {
-            win[(u2 + K - 1) % K] = pair<T>(ir[(ox0 + u2 + K - 1) * kWords]);
+          if (ox0 + u2 < len) {
+#pragma unroll
+            for (int r = 0; r < KR; ++r)
+              win[r][(u2 + K - 1) % K] = pair<T>(ir[r * rstep + (ox0 + u2 + K - 1) * kWords]);
             const float2 g = pair<T>(gr[(ox0 + u2) * kWords]);
 #pragma unroll
-            for (int kw = 0; kw < K; ++kw) {
-              acc[kw].x = fmaf(g.x, win[(u2 + kw) % K].x, acc[kw].x);
-              acc[kw].y = fmaf(g.y, win[(u2 + kw) % K].y, acc[kw].y);
-            }
+            for (int r = 0; r < KR; ++r)
+#pragma unroll
+              for (int kw = 0; kw < K; ++kw) {
+                acc[r][kw].x = fmaf(g.x, win[r][(u2 + kw) % K].x, acc[r][kw].x);
+                acc[r][kw].y = fmaf(g.y, win[r][(u2 + kw) % K].y, acc[r][kw].y);
+              }
             if (bias) {
               bacc.x += g.x;
               bacc.y += g.y;
@@ -1019,7 +1103,7 @@ __global__ void __launch_bounds__(kPairs * K * (K == 3 ? 5 : K == 5 ? 3 : 2))
         }
       }
     }
-    __syncthreads();  // the band is rewritten for the next unit
+    __syncthreads();  // this buffer is rewritten for a later unit
   }
 
   // ---- sum the SY slices per (tap, channel) in sy order; ws[blockIdx.x][tap][c] ----
@@ -1027,10 +1111,12 @@ __global__ void __launch_bounds__(kPairs * K * (K == 3 ? 5 : K == 5 ? 3 : 2))
   {
     float* r = red + static_cast<size_t>(sy) * (KK + 1) * kCB + 2 * cp;
 #pragma unroll
-    for (int kw = 0; kw < K; ++kw) {
-      r[(kh * K + kw) * kCB] = acc[kw].x;
-      r[(kh * K + kw) * kCB + 1] = acc[kw].y;
-    }
+    for (int kr = 0; kr < KR; ++kr)
+#pragma unroll
+      for (int kw = 0; kw < K; ++kw) {
+        r[((kh0 + kr) * K + kw) * kCB] = acc[kr][kw].x;
+        r[((kh0 + kr) * K + kw) * kCB + 1] = acc[kr][kw].y;
+      }
     if (bias) {
       r[KK * kCB] = bacc.x;
       r[KK * kCB + 1] = bacc.y;
@@ -1046,8 +1132,6 @@ __global__ void __launch_bounds__(kPairs * K * (K == 3 ? 5 : K == 5 ? 3 : 2))
   }
 }
 
-constexpr int slices(int K) { return K == 3 ? 5 : K == 5 ? 3 : 2; }
-
 // CUDADOCTOR_OPS_DW_WGRAD_SMEM (read once): 0 never, 1 wherever it applies, unset: output planes of
 // at most kAutoPlane pixels (H200, 16-bit: 7x7 to 28x28 gain, 1.05-2.2x over v2; 56x56 and
 // 112x112 3x3 lose 17-22%, their bands of 5 rows re-read too much halo).
@@ -1062,16 +1146,89 @@ int mode() {
   return v;
 }
 
-template <typename T, int K>
-const void* kernel_ptr() {
-  return reinterpret_cast<const void*>(&wgrad_nhwc_v3<T, K>);
+// Switches (read once). CUDADOCTOR_OPS_DW_WGRAD_V3_AK=0: one kernel row per thread also for 3x3
+// (default: all rows, AK). CUDADOCTOR_OPS_DW_WGRAD_V3_DB=1: two band buffers (DB; default one).
+// CUDADOCTOR_OPS_DW_WGRAD_V3_KB=48|64|96|128|192: shared memory for the band buffers (default 96
+// with AK, else 48; above 48 the kernel opts in). CUDADOCTOR_OPS_DW_WGRAD_V3_UPB=1..64: at most that many units
+// per block (default: as few blocks as one wave of resident blocks needs).
+int db_setting() {
+  static const int v = env_choice("CUDADOCTOR_OPS_DW_WGRAD_V3_DB", {0, 1}, 0);
+  return v;
+}
+int ak_setting() {
+  static const int v = env_choice("CUDADOCTOR_OPS_DW_WGRAD_V3_AK", {0, 1}, 1);
+  return v;
+}
+// 0 when unset (the default by kernel)
+size_t smem_setting() {
+  static const size_t v =
+      static_cast<size_t>(env_choice("CUDADOCTOR_OPS_DW_WGRAD_V3_KB", {48, 64, 96, 128, 192}, 0)) *
+      1024;
+  return v;
+}
+int upb_setting() {
+  static const int v = env_positive_int("CUDADOCTOR_OPS_DW_WGRAD_V3_UPB", 64);
+  return v;
 }
 
-const void* kernel_for(DType dt, int K) {
-#define CDO_DW_V3K(T)                                 \
-  if (K == 3) return kernel_ptr<T, 3>();              \
-  if (K == 5) return kernel_ptr<T, 5>();              \
-  if (K == 7) return kernel_ptr<T, 7>();              \
+// Lets `kern` take more than 48 KB of dynamic shared memory on the current device (once per kernel
+// and device); false where the device cannot give `bytes`.
+bool allow_smem(const void* kern, size_t bytes) {
+  if (bytes <= 48 * 1024) return true;
+  int dev = 0, optin = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  if (bytes > static_cast<size_t>(optin)) return false;
+  static std::mutex mu;
+  static std::set<std::pair<const void*, int>> done;
+  std::lock_guard<std::mutex> lock(mu);
+  if (done.count({kern, dev})) return true;
+  if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, optin) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  done.insert({kern, dev});
+  return true;
+}
+
+// AK's column segments per output row: the fewest steps of the slowest slice, a step being one
+// output column (plus the K - 1 columns that fill a segment's window), over segments of at least
+// K columns.
+int ak_segments(int TH, int Wo, int K, int SY) {
+  int best = 1, best_cost = -1;
+  const int most = Wo / K > 1 ? Wo / K : 1;
+  for (int ns = 1; ns <= most; ++ns) {
+    const int L = (Wo + ns - 1) / ns;
+    const int cost = ((TH * ns + SY - 1) / SY) * (L + K - 1);
+    if (best_cost < 0 || cost < best_cost) {
+      best_cost = cost;
+      best = ns;
+    }
+  }
+  return best;
+}
+
+template <typename T, int K, bool DB, bool AK>
+const void* kernel_ptr() {
+  return reinterpret_cast<const void*>(&wgrad_nhwc_v3<T, K, DB, AK>);
+}
+
+template <typename T, int K>
+const void* kernel_variant(bool db, bool ak) {
+  if constexpr (K == 3) {
+    if (ak) return db ? kernel_ptr<T, K, true, true>() : kernel_ptr<T, K, false, true>();
+  }
+  return db ? kernel_ptr<T, K, true, false>() : kernel_ptr<T, K, false, false>();
+}
+
+const void* kernel_for(DType dt, int K, bool db, bool ak) {
+#define CDO_DW_V3K(T)                                  \
+  if (K == 3) return kernel_variant<T, 3>(db, ak);     \
+  if (K == 5) return kernel_variant<T, 5>(db, false);  \
+  if (K == 7) return kernel_variant<T, 7>(db, false);  \
   return nullptr;
   switch (dt) {
     case DType::F16: {
@@ -1088,11 +1245,14 @@ const void* kernel_for(DType dt, int K) {
 
 struct Plan {
   Geo geo;
-  int SY = 0, gx = 0, gy = 0;
+  bool db = false, ak = false;
+  int SY = 0, gx = 0, gy = 0;  // SY: slices (blockDim.z)
+  int nseg = 1, L = 0;         // column segments per output row, of L columns
   int64_t units = 0;
+  const void* kernel = nullptr;
 };
 
-// Applicability (16-bit, stride 1, K 3/5/7, C % 8 == 0, at least one band row within kMaxSmem,
+// Applicability (16-bit, stride 1, K 3/5/7, C % 8 == 0, at least one band row within the budget,
 // switch on) and the grid: at most one wave of resident blocks, as few blocks as give the same
 // units (bands) per block.
 bool plan_for(DType dt, const FastShape& s, Plan& p) {
@@ -1102,20 +1262,31 @@ bool plan_for(DType dt, const FastShape& s, Plan& p) {
   if (!(s.K == 3 || s.K == 5 || s.K == 7)) return false;
   if (s.N <= 0 || s.H <= 0 || s.W <= 0 || s.Ho <= 0 || s.Wo <= 0) return false;
   if (s.Ho != s.H + 2 * s.PH - s.K + 1 || s.Wo != s.W + 2 * s.PW - s.K + 1) return false;
-  p.SY = slices(s.K);
-  p.geo = geometry(s, s.K, p.SY);
+  p.ak = s.K == 3 && ak_setting() != 0;
+  p.SY = p.ak ? s.K * slices(s.K) : slices(s.K);
+  p.db = db_setting() == 1;
+  const size_t budget = smem_setting() > 0 ? smem_setting() : (p.ak ? 96 : 48) * size_t(1024);
+  p.geo = geometry(s, s.K, p.SY, p.db ? 2 : 1, budget);
+  if (p.geo.TH < 1 && p.db) {  // not even one row per buffer: one buffer
+    p.db = false;
+    p.geo = geometry(s, s.K, p.SY, 1, budget);
+  }
   if (p.geo.TH < 1) return false;
+  // AK's slices take (row, column segment) items; one kernel row per thread: whole rows
+  p.nseg = p.ak ? ak_segments(p.geo.TH, s.Wo, s.K, p.SY) : 1;
+  p.L = (s.Wo + p.nseg - 1) / p.nseg;
   p.gy = (s.C + kCB - 1) / kCB;
   if (p.gy > 65535) return false;
-  const void* kern = kernel_for(dt, s.K);
-  if (kern == nullptr) return false;
-  const int threads = kPairs * s.K * p.SY;
+  p.kernel = kernel_for(dt, s.K, p.db, p.ak);
+  if (p.kernel == nullptr || !allow_smem(p.kernel, p.geo.smem)) return false;
   const int64_t wave = static_cast<int64_t>(current_sm_count()) *
-                       resident_blocks_per_sm(kern, threads, p.geo.smem);
+                       resident_blocks_per_sm(p.kernel, kPairs * s.K * slices(s.K), p.geo.smem);
   p.units = static_cast<int64_t>(s.N) * p.geo.bands;
   int64_t gxw = (wave + p.gy - 1) / p.gy;
   if (gxw < 1) gxw = 1;
   if (gxw > p.units) gxw = p.units;
+  if (upb_setting() > 0) gxw = (p.units + upb_setting() - 1) / upb_setting();
+  if (gxw > (int64_t(1) << 30)) return false;
   p.gx = v2::fewest_blocks(p.units, gxw);
   return p.gx >= 1;
 }
@@ -1124,13 +1295,30 @@ int64_t workspace(const FastShape& s, const Plan& p) {
   return static_cast<int64_t>(p.gx) * (static_cast<int64_t>(s.K) * s.K + 1) * s.C;
 }
 
+template <typename T, int K, bool DB, bool AK>
+void launch_stage1(const void* go, const void* in, float* ws, const FastShape& s, const Plan& p,
+                   cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(p.gx), static_cast<unsigned>(p.gy));
+  const dim3 block(kPairs, AK ? 1 : K, p.SY);
+  wgrad_nhwc_v3<T, K, DB, AK><<<grid, block, p.geo.smem, stream>>>(
+      static_cast<const T*>(go), static_cast<const T*>(in), ws, s.C, s.H, s.W, s.Ho, s.Wo, s.PH,
+      s.PW, p.geo.Wp, p.geo.pitchI, p.geo.pitchG, p.geo.TH, p.geo.bands, p.nseg, p.L, p.units);
+}
+
 template <typename T, int K>
 void run(const void* go, const void* in, void* gw, void* gb, float* ws, const FastShape& s,
          const Plan& p, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(p.gx), static_cast<unsigned>(p.gy)), block(kPairs, K, p.SY);
-  wgrad_nhwc_v3<T, K><<<grid, block, p.geo.smem, stream>>>(
-      static_cast<const T*>(go), static_cast<const T*>(in), ws, s.C, s.H, s.W, s.Ho, s.Wo, s.PH,
-      s.PW, p.geo.Wp, p.geo.pitchI, p.geo.pitchG, p.geo.TH, p.geo.bands, p.units);
+  bool done = false;
+  if constexpr (K == 3) {
+    if (p.ak) {
+      (p.db ? launch_stage1<T, K, true, true> : launch_stage1<T, K, false, true>)(go, in, ws, s, p,
+                                                                                  stream);
+      done = true;
+    }
+  }
+  if (!done)
+    (p.db ? launch_stage1<T, K, true, false> : launch_stage1<T, K, false, false>)(go, in, ws, s, p,
+                                                                                  stream);
   v2::launch_finish_v2<T>(ws, gw, gb, s.C, p.gx, K * K, stream);
 }
 

@@ -1276,6 +1276,11 @@ BWD2_LARGE = [
     (8, 32, 112, 112, 3, 1, 1),
     (8, 144, 56, 56, 5, 2, 2),
     (16, 576, 14, 14, 3, 2, 1),
+    # the shared-memory weight gradient: 28x28 in bands (the last one shorter) with two band
+    # buffers, 7x7 planes of many channel groups, 14x14 with padding 2 (column segments)
+    (16, 192, 28, 28, 3, 1, 1),
+    (16, 960, 7, 7, 3, 1, 1),
+    (8, 80, 14, 14, 3, 1, 2),
 ]
 BWD2_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 
@@ -1445,7 +1450,8 @@ for case in large:
     res[f"{case}|float16"] = bwd2_errors(tuple(case), torch.float16)
 names = cuda_kernel_names(lambda: bwd2_run((2, 24, 13, 13, 3, 2, 1), torch.float16))
 names_s1 = cuda_kernel_names(lambda: bwd2_run((2, 24, 13, 13, 5, 1, 2), torch.float16))
-print(json.dumps({"errors": res, "kernels": names, "kernels_s1": names_s1}))
+names_s1k3 = cuda_kernel_names(lambda: bwd2_run((2, 72, 13, 13, 3, 1, 0), torch.float16))
+print(json.dumps({"errors": res, "kernels": names, "kernels_s1": names_s1, "kernels_s1k3": names_s1k3}))
 '''
 
 _BWD2_SWITCHES = [
@@ -1459,6 +1465,12 @@ _BWD2_SWITCHES = [
     {"CUDADOCTOR_OPS_DW_WGRAD_PF": "2"},
     {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "1"},
     {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "0"},
+    {"CUDADOCTOR_OPS_DW_WGRAD_V3_DB": "1"},
+    {"CUDADOCTOR_OPS_DW_WGRAD_V3_AK": "0"},
+    {"CUDADOCTOR_OPS_DW_WGRAD_V3_DB": "1", "CUDADOCTOR_OPS_DW_WGRAD_V3_AK": "0"},
+    {"CUDADOCTOR_OPS_DW_WGRAD_V3_DB": "1", "CUDADOCTOR_OPS_DW_WGRAD_V3_KB": "96"},
+    {"CUDADOCTOR_OPS_DW_WGRAD_V3_KB": "48"},
+    {"CUDADOCTOR_OPS_DW_WGRAD_V3_UPB": "1"},
 ]
 
 
@@ -1476,6 +1488,8 @@ def test_bwd2_kernel_switches_in_subprocess(switches):
     env = {k: v for k, v in os.environ.items()
            if k not in ("CUDADOCTOR_OPS_DW_WGRAD_V1", "CUDADOCTOR_OPS_DW_DGRAD_V1",
                         "CUDADOCTOR_OPS_DW_WGRAD_PF", "CUDADOCTOR_OPS_DW_WGRAD_SMEM",
+                        "CUDADOCTOR_OPS_DW_WGRAD_V3_DB", "CUDADOCTOR_OPS_DW_WGRAD_V3_AK",
+                        "CUDADOCTOR_OPS_DW_WGRAD_V3_KB", "CUDADOCTOR_OPS_DW_WGRAD_V3_UPB",
                         "CUDADOCTOR_OPS_DEPTHWISE_IMPL")}
     env.update(switches)
     pkg_parent = str(pathlib.Path(cudadoctor_ops.__file__).resolve().parents[1])
@@ -1507,10 +1521,19 @@ def test_bwd2_kernel_switches_in_subprocess(switches):
     # the shared-memory weight gradient (stride 1, 16-bit): by default on planes up to 32x32
     # (the 13x13 case here), never with =0 or under the forced v1; the stride-2 case above stays
     # on v2 either way
+    # wgrad_nhwc_v3<T, K, DB, AK>: two band buffers with _V3_DB=1; all kernel rows per thread
+    # for 3x3 unless _V3_AK=0 (never for 5x5)
     s1 = [n for n in out["kernels_s1"] or [] if "cudadoctor_ops" in n and "wgrad" in n]
     smem = switches.get("CUDADOCTOR_OPS_DW_WGRAD_SMEM") != "0" and not wgrad_v1
+    db = "true" if switches.get("CUDADOCTOR_OPS_DW_WGRAD_V3_DB") == "1" else "false"
+    ak = "false" if switches.get("CUDADOCTOR_OPS_DW_WGRAD_V3_AK") == "0" else "true"
     if s1:
-        assert any("wgrad_nhwc_v3<c10::Half, 5>" in n for n in s1) == smem, s1
+        assert any("wgrad_nhwc_v3<c10::Half, 5," in n for n in s1) == smem, s1
+        if smem:
+            assert any(f"wgrad_nhwc_v3<c10::Half, 5, {db}, false>" in n for n in s1), s1
+    s1k3 = [n for n in out["kernels_s1k3"] or [] if "cudadoctor_ops" in n and "wgrad" in n]
+    if s1k3 and smem:
+        assert any(f"wgrad_nhwc_v3<c10::Half, 3, {db}, {ak}>" in n for n in s1k3), s1k3
     pf = switches.get("CUDADOCTOR_OPS_DW_WGRAD_PF")
     if pf is not None:
         # wgrad_nhwc_v2<T, K, S, V, PF>: the float16 3x3 stride-2 case runs V = 8
