@@ -56,9 +56,10 @@
     dww  depthwise channels_last weight gradient alone (CUDADOCTOR_OPS_DW_WGRAD_SMEM=0 / 1, _PF), against
          torch's convolution_backward for the weight alone
     dwv3 the layers of the shared-memory weight gradient (stride 1, planes up to 32x32), backward
-         (dX + dW) and weight gradient alone: default against CUDADOCTOR_OPS_DW_WGRAD_V3_AK=0 (one
-         kernel row per thread), _DB=1 with _KB=96 (two band buffers in 96 KB), _KB=96 (one larger
-         band), _UPB=1 / 2 (at most 1 / 2 units per block); default again last
+         (dX + dW) and weight gradient alone: default against CUDADOCTOR_OPS_DW_WGRAD_V3_IMGS=1 (one
+         image per unit where a band is the whole image), _AK=0 with _IMGS=1 (one kernel row per
+         thread, one image per unit: the kernel before both), then default again (also settable:
+         _IMGS=2.., _DB=1, _KB, _UPB)
 
 Each line: the case, then ms per setting and torch's ms, and the ratio torch / ours per setting.
 Timing as the bench (cudadoctor_ops.bench.Timer: triton do_bench medians, L2 flush before each
@@ -133,9 +134,8 @@ _SH4 = {"CUDADOCTOR_OPS_DW_V2_SHFL": "4"}
 _SH8 = {"CUDADOCTOR_OPS_DW_V2_SHFL": "8"}
 DWSH_SETTINGS = [_NOSH, _SH4, _SH8, _NOSH, _SH4, _SH8]
 _AK0 = {"CUDADOCTOR_OPS_DW_WGRAD_V3_AK": "0"}
-DWV3_SETTINGS = [{}, _AK0, {"CUDADOCTOR_OPS_DW_WGRAD_V3_DB": "1", "CUDADOCTOR_OPS_DW_WGRAD_V3_KB": "96"},
-                 {"CUDADOCTOR_OPS_DW_WGRAD_V3_KB": "96"}, {"CUDADOCTOR_OPS_DW_WGRAD_V3_UPB": "1"},
-                 {"CUDADOCTOR_OPS_DW_WGRAD_V3_UPB": "2"}, {}]
+_IM1 = {"CUDADOCTOR_OPS_DW_WGRAD_V3_IMGS": "1"}
+DWV3_SETTINGS = [{}, _IM1, {**_AK0, **_IM1}, {}]
 DWW_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "0"}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "1"}, {"CUDADOCTOR_OPS_DW_WGRAD_PF": "1"},
                 {"CUDADOCTOR_OPS_DW_WGRAD_PF": "2"}]
 

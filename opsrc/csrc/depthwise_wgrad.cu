@@ -15,9 +15,10 @@
 //       vectors per thread, one kernel row per thread; workspace
 //       [P][K*K+1][C]. CUDADOCTOR_OPS_DW_WGRAD_V1=1 (read once) selects v1.
 // NCHW always runs wgrad_nchw.
+#include <algorithm>
 #include <cstdlib>
+#include <map>
 #include <mutex>
-#include <set>
 #include <utility>
 
 #include "async_copy.cuh"
@@ -951,18 +952,32 @@ inline Geo geometry(const FastShape& s, int K, int SY, int buffers, size_t smem)
 constexpr int slices(int K) { return K == 3 ? 5 : K == 5 ? 3 : 2; }
 constexpr int block_threads(int K) { return kPairs * K * slices(K); }
 
-// Copies unit u's band (its input rows, zeros outside the image, and its dY rows) into one band
-// buffer: cp.async 16-byte pieces, plain zero stores where there is nothing to copy.
+// Unit u: band oy0 .. oy0 + rows - 1 of images n0 .. n0 + nimg - 1 (several images only where a
+// band is the whole image).
+struct UnitPos {
+  int64_t n0;
+  int nimg, oy0, rows;
+};
+
+__device__ __forceinline__ UnitPos unit_pos(int64_t u, int bands, int imgs, int N, int TH, int Ho) {
+  UnitPos q;
+  const int64_t grp = u / bands;
+  q.oy0 = static_cast<int>(u - grp * bands) * TH;
+  q.rows = min(TH, Ho - q.oy0);
+  q.n0 = grp * imgs;
+  q.nimg = static_cast<int>(min(static_cast<int64_t>(imgs), static_cast<int64_t>(N) - q.n0));
+  return q;
+}
+
+// Copies one band of image n (its input rows, zeros outside the image, and its dY rows) into one
+// band buffer: cp.async 16-byte pieces, plain zero stores where there is nothing to copy.
 template <typename T>
 __device__ __forceinline__ void stage_band(const T* __restrict__ go, const T* __restrict__ in,
-                                           uint32_t* sIn, uint32_t* sG, int64_t u, int tid,
-                                           int nthr, int c0, int C, int H, int W, int Ho, int Wo,
-                                           int PH, int PW, int pitchI, int pitchG, int TH,
-                                           int bands, int K) {
+                                           uint32_t* sIn, uint32_t* sG, int64_t n, int oy0,
+                                           int rows, int tid, int nthr, int c0, int C, int H,
+                                           int W, int Ho, int Wo, int PH, int PW, int pitchI,
+                                           int pitchG, int K) {
   constexpr int kPieces = kCB * int(sizeof(T)) / 16;  // 16-byte pieces per pixel
-  const int64_t n = u / bands;
-  const int oy0 = static_cast<int>(u - n * bands) * TH;
-  const int rows = min(TH, Ho - oy0);
   const int rin = rows + K - 1;
   const T* xin = in + n * H * W * C + c0;
   for (int i = tid; i < rin * W * kPieces; i += nthr) {
@@ -996,8 +1011,8 @@ __device__ __forceinline__ void stage_band(const T* __restrict__ go, const T* __
 template <typename T, int K, bool DB, bool AK>
 __global__ void __launch_bounds__(block_threads(K))
     wgrad_nhwc_v3(const T* __restrict__ go, const T* __restrict__ in, float* __restrict__ ws,
-                  int C, int H, int W, int Ho, int Wo, int PH, int PW, int Wp, int pitchI,
-                  int pitchG, int TH, int bands, int nseg, int L, int64_t units) {
+                  int N, int C, int H, int W, int Ho, int Wo, int PH, int PW, int Wp, int pitchI,
+                  int pitchG, int TH, int bands, int imgs, int nseg, int L, int64_t units) {
   static_assert(!AK || K == 3, "all kernel rows per thread: 3x3 only");
   constexpr int KK = K * K;
   constexpr int KR = AK ? K : 1;  // kernel rows per thread
@@ -1011,13 +1026,14 @@ __global__ void __launch_bounds__(block_threads(K))
   const int RI = TH + K - 1;  // input rows of a band
   const size_t inWords = static_cast<size_t>(RI) * pitchI * kWords;
   const size_t bandWords = inWords + static_cast<size_t>(TH) * pitchG * kWords;
+  const size_t slotWords = bandWords * imgs;  // a unit's bands (DB: two slots)
   const bool bias = AK || kh0 == 0;
   const int64_t u0 = static_cast<int64_t>(blockIdx.x) * units / gridDim.x;
   const int64_t u1 = static_cast<int64_t>(blockIdx.x + 1) * units / gridDim.x;
 
   // the side halo (and the pitch padding) is zero for good: the copies write columns
   // PW .. PW + W - 1 only
-  for (int b = 0; b < (DB ? 2 : 1); ++b) {
+  for (int b = 0; b < (DB ? 2 : 1) * imgs; ++b) {
     uint32_t* sIn = v3_smem + b * bandWords;
     for (int i = tid; i < RI * pitchI; i += nthr) {
       const int px = i % pitchI;
@@ -1035,43 +1051,50 @@ __global__ void __launch_bounds__(block_threads(K))
 #pragma unroll
     for (int k = 0; k < K; ++k) acc[r][k] = make_float2(0.f, 0.f);
 
+  // copies unit u's bands into slot `slot`
+  auto stage = [&](int64_t u, int slot) {
+    const UnitPos q = unit_pos(u, bands, imgs, N, TH, Ho);
+    for (int i = 0; i < q.nimg; ++i) {
+      uint32_t* bIn = v3_smem + slot * slotWords + i * bandWords;
+      stage_band<T>(go, in, bIn, bIn + inWords, q.n0 + i, q.oy0, q.rows, tid, nthr, c0, C, H, W,
+                    Ho, Wo, PH, PW, pitchI, pitchG, K);
+    }
+  };
   if (DB && u0 < u1) {
-    stage_band<T>(go, in, v3_smem, v3_smem + inWords, u0, tid, nthr, c0, C, H, W, Ho, Wo, PH, PW,
-                  pitchI, pitchG, TH, bands, K);
+    stage(u0, 0);
     cp_async_commit();
   }
   for (int64_t u = u0; u < u1; ++u) {
-    const int buf = DB ? static_cast<int>((u - u0) & 1) : 0;
-    uint32_t* sIn = v3_smem + buf * bandWords;
-    uint32_t* sG = sIn + inWords;
+    const int slot = DB ? static_cast<int>((u - u0) & 1) : 0;
     if constexpr (DB) {
       if (u + 1 < u1) {
-        uint32_t* nIn = v3_smem + (buf ^ 1) * bandWords;
-        stage_band<T>(go, in, nIn, nIn + inWords, u + 1, tid, nthr, c0, C, H, W, Ho, Wo, PH, PW,
-                      pitchI, pitchG, TH, bands, K);
+        stage(u + 1, slot ^ 1);
         cp_async_commit();
         cp_async_wait_group<1>();
       } else {
         cp_async_wait_all();
       }
     } else {
-      stage_band<T>(go, in, sIn, sG, u, tid, nthr, c0, C, H, W, Ho, Wo, PH, PW, pitchI, pitchG,
-                    TH, bands, K);
+      stage(u, 0);
       cp_async_wait_all();
     }
     __syncthreads();
-    const int64_t n = u / bands;
-    const int rows = min(TH, Ho - static_cast<int>(u - n * bands) * TH);  // output rows of this band
+    const UnitPos q = unit_pos(u, bands, imgs, N, TH, Ho);
+    const int rows = q.rows;
 
-    // ---- taps of kernel rows kh0 .. kh0 + KR - 1 for channel pair cp over the band's work items
-    // (output row, column segment of L) sy, sy + SY, .. (nseg segments per row; rows first, so
-    // the two slices of a warp read rows an odd pitch apart: the other 16 banks) ----
+    // ---- taps of kernel rows kh0 .. kh0 + KR - 1 for channel pair cp over the unit's work items
+    // (image, column segment of L, output row) sy, sy + SY, .. (nseg segments per row; rows
+    // fastest, so the two slices of a warp read rows an odd pitch apart: the other 16 banks) ----
     const int rstep = pitchI * kWords;
-    const int items = rows * nseg;
+    const int per_img = rows * nseg;
+    const int items = q.nimg * per_img;
     for (int it = sy; it < items; it += SY) {
-      const int seg = it / rows;
-      const int oy = it - seg * rows;
+      const int img = it / per_img;
+      const int seg = (it - img * per_img) / rows;
+      const int oy = it - img * per_img - seg * rows;
       const int x0 = seg * L;
+      const uint32_t* sIn = v3_smem + slot * slotWords + img * bandWords;
+      const uint32_t* sG = sIn + inWords;
       const int len = min(L, Wo - x0);
       const uint32_t* ir = sIn + (static_cast<size_t>(oy + kh0) * pitchI + x0) * kWords + cp;
       const uint32_t* gr = sG + (static_cast<size_t>(oy) * pitchG + x0) * kWords + cp;
@@ -1170,28 +1193,38 @@ int upb_setting() {
   static const int v = env_positive_int("CUDADOCTOR_OPS_DW_WGRAD_V3_UPB", 64);
   return v;
 }
+// CUDADOCTOR_OPS_DW_WGRAD_V3_IMGS=1..16: images per unit where one band holds a whole image (at
+// most what the budget holds); unset: imgs_auto.
+int imgs_setting() {
+  static const int v = env_positive_int("CUDADOCTOR_OPS_DW_WGRAD_V3_IMGS", 16);
+  return v;
+}
 
-// Lets `kern` take more than 48 KB of dynamic shared memory on the current device (once per kernel
-// and device); false where the device cannot give `bytes`.
+// Lets `kern` take more than 48 KB of dynamic shared memory on the current device (the attribute
+// is set once per kernel and device, to the device's opt-in limit); false where the device cannot
+// give `bytes`.
 bool allow_smem(const void* kern, size_t bytes) {
   if (bytes <= 48 * 1024) return true;
-  int dev = 0, optin = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
     (void)cudaGetLastError();
     return false;
   }
-  if (bytes > static_cast<size_t>(optin)) return false;
   static std::mutex mu;
-  static std::set<std::pair<const void*, int>> done;
+  static std::map<std::pair<const void*, int>, int> limit;  // 0: the attribute could not be set
   std::lock_guard<std::mutex> lock(mu);
-  if (done.count({kern, dev})) return true;
-  if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, optin) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
+  auto it = limit.find({kern, dev});
+  if (it == limit.end()) {
+    int optin = 0;
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, optin) !=
+            cudaSuccess) {
+      (void)cudaGetLastError();
+      optin = 0;
+    }
+    it = limit.emplace(std::make_pair(kern, dev), optin).first;
   }
-  done.insert({kern, dev});
-  return true;
+  return bytes <= static_cast<size_t>(it->second);
 }
 
 // AK's column segments per output row: the fewest steps of the slowest slice, a step being one
@@ -1245,12 +1278,42 @@ const void* kernel_for(DType dt, int K, bool db, bool ak) {
 
 struct Plan {
   Geo geo;
+  int imgs = 1;  // images per unit (bands == 1 only)
   bool db = false, ak = false;
   int SY = 0, gx = 0, gy = 0;  // SY: slices (blockDim.z)
   int nseg = 1, L = 0;         // column segments per output row, of L columns
   int64_t units = 0;
   const void* kernel = nullptr;
 };
+
+// Several images per unit where a band is the whole image (p.geo.bands == 1): by default the
+// fewest that put every unit of the launch into one wave of resident blocks, one unit each (so a
+// block copies all it needs at once instead of in rounds, each a DRAM round trip), at most what the
+// budget holds; CUDADOCTOR_OPS_DW_WGRAD_V3_IMGS forces a count. Updates p.imgs, p.geo.smem, p.units
+// and `wave` (the residency falls as the blocks' shared memory grows).
+bool with_images(const FastShape& s, Plan& p, size_t budget, int64_t& wave) {
+  const size_t per = band_bytes(p.geo.TH, s.K, p.geo.pitchI, p.geo.pitchG);
+  const size_t red = static_cast<size_t>(p.SY) * (s.K * s.K + 1) * kCB * sizeof(float);
+  int most = static_cast<int>(std::min<size_t>({budget / per, static_cast<size_t>(s.N), size_t(16)}));
+  if (most < 1) most = 1;
+  const int forced = imgs_setting();
+  const int threads = kPairs * s.K * slices(s.K);
+  for (int imgs = 1; imgs <= most; ++imgs) {
+    if (forced > 0 && imgs != std::min(forced, most)) continue;
+    const size_t smem = std::max(per * imgs, red);
+    if (!allow_smem(p.kernel, smem)) return false;
+    const int64_t w = static_cast<int64_t>(current_sm_count()) *
+                      resident_blocks_per_sm(p.kernel, threads, smem);
+    const int64_t units = (s.N + imgs - 1) / imgs;
+    if (w < 1) break;
+    p.imgs = imgs;
+    p.geo.smem = smem;
+    p.units = units;
+    wave = w;
+    if (forced > 0 || units * p.gy <= w) break;
+  }
+  return wave >= 1;
+}
 
 // Applicability (16-bit, stride 1, K 3/5/7, C % 8 == 0, at least one band row within the budget,
 // switch on) and the grid: at most one wave of resident blocks, as few blocks as give the same
@@ -1279,9 +1342,10 @@ bool plan_for(DType dt, const FastShape& s, Plan& p) {
   if (p.gy > 65535) return false;
   p.kernel = kernel_for(dt, s.K, p.db, p.ak);
   if (p.kernel == nullptr || !allow_smem(p.kernel, p.geo.smem)) return false;
-  const int64_t wave = static_cast<int64_t>(current_sm_count()) *
-                       resident_blocks_per_sm(p.kernel, kPairs * s.K * slices(s.K), p.geo.smem);
+  int64_t wave = static_cast<int64_t>(current_sm_count()) *
+                 resident_blocks_per_sm(p.kernel, kPairs * s.K * slices(s.K), p.geo.smem);
   p.units = static_cast<int64_t>(s.N) * p.geo.bands;
+  if (p.geo.bands == 1 && !p.db && !with_images(s, p, budget, wave)) return false;
   int64_t gxw = (wave + p.gy - 1) / p.gy;
   if (gxw < 1) gxw = 1;
   if (gxw > p.units) gxw = p.units;
@@ -1301,8 +1365,9 @@ void launch_stage1(const void* go, const void* in, float* ws, const FastShape& s
   const dim3 grid(static_cast<unsigned>(p.gx), static_cast<unsigned>(p.gy));
   const dim3 block(kPairs, AK ? 1 : K, p.SY);
   wgrad_nhwc_v3<T, K, DB, AK><<<grid, block, p.geo.smem, stream>>>(
-      static_cast<const T*>(go), static_cast<const T*>(in), ws, s.C, s.H, s.W, s.Ho, s.Wo, s.PH,
-      s.PW, p.geo.Wp, p.geo.pitchI, p.geo.pitchG, p.geo.TH, p.geo.bands, p.nseg, p.L, p.units);
+      static_cast<const T*>(go), static_cast<const T*>(in), ws, s.N, s.C, s.H, s.W, s.Ho, s.Wo,
+      s.PH, s.PW, p.geo.Wp, p.geo.pitchI, p.geo.pitchG, p.geo.TH, p.geo.bands, p.imgs, p.nseg, p.L,
+      p.units);
 }
 
 template <typename T, int K>

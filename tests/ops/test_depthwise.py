@@ -1276,10 +1276,11 @@ BWD2_LARGE = [
     (8, 32, 112, 112, 3, 1, 1),
     (8, 144, 56, 56, 5, 2, 2),
     (16, 576, 14, 14, 3, 2, 1),
-    # the shared-memory weight gradient: 28x28 in bands (the last one shorter) with two band
-    # buffers, 7x7 planes of many channel groups, 14x14 with padding 2 (column segments)
+    # the shared-memory weight gradient: 28x28 in bands (the last one shorter), 7x7 planes of many
+    # channel groups in units of several images (the last unit one image short), 14x14 with
+    # padding 2 (column segments)
     (16, 192, 28, 28, 3, 1, 1),
-    (16, 960, 7, 7, 3, 1, 1),
+    (31, 960, 7, 7, 3, 1, 1),
     (8, 80, 14, 14, 3, 1, 2),
 ]
 BWD2_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
@@ -1471,6 +1472,8 @@ _BWD2_SWITCHES = [
     {"CUDADOCTOR_OPS_DW_WGRAD_V3_DB": "1", "CUDADOCTOR_OPS_DW_WGRAD_V3_KB": "96"},
     {"CUDADOCTOR_OPS_DW_WGRAD_V3_KB": "48"},
     {"CUDADOCTOR_OPS_DW_WGRAD_V3_UPB": "1"},
+    {"CUDADOCTOR_OPS_DW_WGRAD_V3_IMGS": "1"},
+    {"CUDADOCTOR_OPS_DW_WGRAD_V3_IMGS": "3"},
 ]
 
 
@@ -1490,6 +1493,7 @@ def test_bwd2_kernel_switches_in_subprocess(switches):
                         "CUDADOCTOR_OPS_DW_WGRAD_PF", "CUDADOCTOR_OPS_DW_WGRAD_SMEM",
                         "CUDADOCTOR_OPS_DW_WGRAD_V3_DB", "CUDADOCTOR_OPS_DW_WGRAD_V3_AK",
                         "CUDADOCTOR_OPS_DW_WGRAD_V3_KB", "CUDADOCTOR_OPS_DW_WGRAD_V3_UPB",
+                        "CUDADOCTOR_OPS_DW_WGRAD_V3_IMGS",
                         "CUDADOCTOR_OPS_DEPTHWISE_IMPL")}
     env.update(switches)
     pkg_parent = str(pathlib.Path(cudadoctor_ops.__file__).resolve().parents[1])
