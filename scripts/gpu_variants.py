@@ -60,6 +60,7 @@
          image per unit where a band is the whole image), _AK=0 with _IMGS=1 (one kernel row per
          thread, one image per unit: the kernel before both), then default again (also settable:
          _IMGS=2.., _DB=1, _KB, _UPB)
+    dwv3q the same layers, default against _IMGS=1 only
 
 Each line: the case, then ms per setting and torch's ms, and the ratio torch / ours per setting.
 Timing as the bench (cudadoctor_ops.bench.Timer: triton do_bench medians, L2 flush before each
@@ -136,6 +137,7 @@ DWSH_SETTINGS = [_NOSH, _SH4, _SH8, _NOSH, _SH4, _SH8]
 _AK0 = {"CUDADOCTOR_OPS_DW_WGRAD_V3_AK": "0"}
 _IM1 = {"CUDADOCTOR_OPS_DW_WGRAD_V3_IMGS": "1"}
 DWV3_SETTINGS = [{}, _IM1, {**_AK0, **_IM1}, {}]
+DWV3Q_SETTINGS = [{}, _IM1]
 DWW_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "0"}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "1"}, {"CUDADOCTOR_OPS_DW_WGRAD_PF": "1"},
                 {"CUDADOCTOR_OPS_DW_WGRAD_PF": "2"}]
 
@@ -394,8 +396,9 @@ def main(argv: list[str]) -> int:
                     "dw": DW_SETTINGS, "dwn": DWN_SETTINGS, "dwn4": DWN4_SETTINGS,
                     "dwb": DWB_SETTINGS, "dwb4": DWB4_SETTINGS, "dww": DWW_SETTINGS,
                     "dwh": DWH_SETTINGS, "dwbh": DWBH_SETTINGS,
-                    "dwsh": DWSH_SETTINGS, "dwv3": DWV3_SETTINGS}[part]
-        child = {"dwb4": "dwb", "dwn4": "dwn", "dwh": "dwa", "dwbh": "dwb"}.get(part, part)
+                    "dwsh": DWSH_SETTINGS, "dwv3": DWV3_SETTINGS,
+                    "dwv3q": DWV3Q_SETTINGS}[part]
+        child = {"dwb4": "dwb", "dwn4": "dwn", "dwh": "dwa", "dwbh": "dwb", "dwv3q": "dwv3"}.get(part, part)
         results = [(_label(env), _run(child, env)) for env in settings]
         results = [(lab, r) for lab, r in results if r]
         if not results:

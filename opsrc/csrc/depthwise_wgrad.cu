@@ -1288,15 +1288,20 @@ struct Plan {
 
 // Several images per unit where a band is the whole image (p.geo.bands == 1): by default the
 // fewest that put every unit of the launch into one wave of resident blocks, one unit each (so a
-// block copies all it needs at once instead of in rounds, each a DRAM round trip), at most what the
-// budget holds; CUDADOCTOR_OPS_DW_WGRAD_V3_IMGS forces a count. Updates p.imgs, p.geo.smem, p.units
-// and `wave` (the residency falls as the blocks' shared memory grows).
+// block copies all it needs at once instead of in rounds, each a DRAM round trip), in at most 48
+// KB; CUDADOCTOR_OPS_DW_WGRAD_V3_IMGS forces a count (at most what the budget holds). Updates
+// p.imgs, p.geo.smem, p.units and `wave` (the residency falls as the blocks' shared memory grows).
+// H200, scripts/gpu_variants.py dwv3, 2026-12-01, batch 64, weight gradient alone, us, default
+// (4 images) against one: 3x3 (64,960,7,7) float16 20.9 against 22.8, (64,1152,7,7) 23.7 against
+// 26.3; 5x5 (64,1152,7,7) 32.7 against 35.3. On 14x14 3x3 planes (30.8 KB a band) 2-3 images in
+// 96 KB were slower, (64,480,14,14) float16 33.5 against 25.3, hence the 48 KB.
 bool with_images(const FastShape& s, Plan& p, size_t budget, int64_t& wave) {
   const size_t per = band_bytes(p.geo.TH, s.K, p.geo.pitchI, p.geo.pitchG);
   const size_t red = static_cast<size_t>(p.SY) * (s.K * s.K + 1) * kCB * sizeof(float);
   int most = static_cast<int>(std::min<size_t>({budget / per, static_cast<size_t>(s.N), size_t(16)}));
   if (most < 1) most = 1;
   const int forced = imgs_setting();
+  if (forced == 0 && per * most > 48 * 1024) most = std::max(1, static_cast<int>(48 * 1024 / per));
   const int threads = kPairs * s.K * slices(s.K);
   for (int imgs = 1; imgs <= most; ++imgs) {
     if (forced > 0 && imgs != std::min(forced, most)) continue;
