@@ -166,6 +166,30 @@ def _cbr_blocks(cases, err):
         yield shape, k, dts, fused, ref, x, xg, g, e
 
 
+def _dw_grad_rows(name, g, x, wt, st, pd, dl, timer, err, what):
+    """Rows [name, ours ms, torch ms, same result] of a depthwise channels-last case: the backward
+    (dX + dW, what="bwd") or the weight gradient alone (what="wgrad"), against torch's
+    convolution_backward asked for the same gradients."""
+    import torch
+
+    from cudadoctor_ops.bench_depthwise import backward_calls
+
+    if what == "bwd":
+        ours, theirs = backward_calls(g, x, wt, st, pd, dl)
+        a, b = ours(), theirs()
+        return [name, timer(ours), timer(theirs), max(err(a[0], b[0]), err(a[1], b[1])) < 2e-2]
+    c = x.shape[1]
+
+    def ours_w():
+        return torch.ops.cudadoctor_ops.depthwise_conv2d_backward_weight(g, x, wt, st, pd, dl, False, 0)[0]
+
+    def theirs_w():
+        return torch.ops.aten.convolution_backward(
+            g, x, wt, None, st, pd, dl, False, [0, 0], c, [False, True, False])[1]
+
+    return [name, timer(ours_w), timer(theirs_w), err(ours_w(), theirs_w()) < 2e-2]
+
+
 def _child(part: str) -> None:
     import torch
     import torch.nn.functional as F
@@ -308,20 +332,9 @@ def _child(part: str) -> None:
                 p = k // 2
                 st, pd, dl = [1, 1], [p, p], [1, 1]
                 g = torch.randn_like(F.conv2d(x, wt, None, 1, p, 1, c))
-                ours, theirs = backward_calls(g, x, wt, st, pd, dl)
-                a, b = ours(), theirs()
-                ok = max(err(a[0], b[0]), err(a[1], b[1])) < 2e-2
-                out.append([f"dw bwd k{k} {(n, c, h, w_)} {str(dt)[6:]}", timer(ours), timer(theirs), ok])
-
-                def ours_w():
-                    return ops.depthwise_conv2d_backward_weight(g, x, wt, st, pd, dl, False, 0)[0]
-
-                def theirs_w():
-                    return torch.ops.aten.convolution_backward(
-                        g, x, wt, None, st, pd, dl, False, [0, 0], c, [False, True, False])[1]
-
-                ok = err(ours_w(), theirs_w()) < 2e-2
-                out.append([f"dw wgrad k{k} {(n, c, h, w_)} {str(dt)[6:]}", timer(ours_w), timer(theirs_w), ok])
+                for what in ("bwd", "wgrad"):
+                    out.append(_dw_grad_rows(f"dw {what} k{k} {(n, c, h, w_)} {str(dt)[6:]}", g, x, wt, st, pd,
+                                             dl, timer, err, what))
                 del x, wt, g
                 torch.cuda.empty_cache()
     elif part in ("dw", "dwa", "dwb", "dww"):
@@ -345,24 +358,10 @@ def _child(part: str) -> None:
                     f = lambda: ops.depthwise_conv2d(x, wt, None, st, pd, dl)  # noqa: E731
                     ok = err(f(), ref) < 2e-2
                     out.append([name, timer(f), timer(lambda: F.conv2d(x, wt, None, s, p, 1, c)), ok])
-                elif part == "dww":
-                    g = torch.randn_like(ref)
-
-                    def ours_w():
-                        return ops.depthwise_conv2d_backward_weight(g, x, wt, st, pd, dl, False, 0)[0]
-
-                    def theirs_w():
-                        return torch.ops.aten.convolution_backward(
-                            g, x, wt, None, st, pd, dl, False, [0, 0], c, [False, True, False])[1]
-
-                    ok = err(ours_w(), theirs_w()) < 2e-2
-                    out.append([name, timer(ours_w), timer(theirs_w), ok])
                 else:
                     g = torch.randn_like(ref)
-                    ours, theirs = backward_calls(g, x, wt, st, pd, dl)
-                    a, b = ours(), theirs()
-                    ok = max(err(a[0], b[0]), err(a[1], b[1])) < 2e-2
-                    out.append([name, timer(ours), timer(theirs), ok])
+                    out.append(_dw_grad_rows(name, g, x, wt, st, pd, dl, timer, err,
+                                             "wgrad" if part == "dww" else "bwd"))
                 del x, wt, ref
                 torch.cuda.empty_cache()
     print("JSON " + json.dumps(out))
