@@ -169,6 +169,17 @@ def _depthwise_cases():
         _dw_case("fwd_5x5_channels_last_bf16", 1, 16, 17, 19, 5, dtype=torch.bfloat16, channels_last=True),
         _dw_case("fwd_7x7_s2_channels_last_fp16", 1, 8, 15, 13, 7, stride=2, dtype=torch.float16,
                  channels_last=True),
+        # channels_last 16-bit stride-1 backward: the shared-memory weight gradient (wgrad_nhwc_v3).
+        # 3x3 with all taps per thread: 7x7 planes of 9 channel groups x 64 images, more units than
+        # one wave of blocks on an H200, so units of several images; 28x28 in two bands of 14 rows
+        # (57.7 KB of shared memory, above the 48 KB default); 5x5 with one kernel row per thread
+        # and a second channel group 8 channels wide
+        _dw_case("bwd_3x3_channels_last_fp16_wgrad_images", 64, 288, 7, 7, 3, backward=True,
+                 dtype=torch.float16, channels_last=True),
+        _dw_case("bwd_3x3_channels_last_bf16_wgrad_two_bands", 2, 64, 28, 28, 3, backward=True,
+                 dtype=torch.bfloat16, channels_last=True),
+        _dw_case("bwd_5x5_channels_last_fp16_wgrad_smem", 3, 40, 14, 14, 5, backward=True,
+                 dtype=torch.float16, channels_last=True),
     ]
 
 
