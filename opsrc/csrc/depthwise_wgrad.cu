@@ -888,6 +888,8 @@ bool dispatch(DType dt, const void* go, const void* in, void* gw, void* gb, floa
 //     and 3 input pairs (one ring per kernel row) for 18 FMAs, so each dY pair is loaded and
 //     converted once instead of once per kernel row. 96 KB of bands (opt-in): 28x28 in 2 bands of
 //     14 rows instead of 3 of 10.
+// Where a band is a whole image, a unit can be several images (with_images: 7x7 planes take 4-5),
+// so that a block copies all its data at once instead of in rounds of one DRAM round trip each.
 // The block then sums its slices per (tap, channel) in a fixed order and writes
 // ws [blockIdx.x][K*K+1][C] as v2 does; wgrad_finish_v2 sums the blocks. Where v2 (reading global
 // memory, one kernel row of 4 channels per thread) is latency-bound on 14x14 planes: 5x5 float16
@@ -1004,9 +1006,10 @@ __device__ __forceinline__ void stage_band(const T* __restrict__ go, const T* __
 
 // DB: two band buffers; the copies of unit u + 1 are in flight while unit u is computed (one
 // commit group per unit). Without it, each unit is copied, waited for and computed in turn.
-// AK (K == 3): a thread (cp, 0, sy) owns all K x K taps of its channel pair and walks output rows
-// sy, sy + SY, ..: per step one dY pair and K input pairs (one per kernel row, each window a
-// ring), K*K*2 FMAs; without AK a thread owns one kernel row (K taps), and the K threads of an
+// AK (K == 3): a thread (cp, 0, sy) owns all K x K taps of its channel pair and walks the unit's
+// work items sy, sy + SY, .. (image, column segment, output row): per step one dY pair and K input
+// pairs (one per kernel row, each window a ring), K*K*2 FMAs; without AK a thread (cp, kh, sy)
+// owns one kernel row (K taps) and walks whole output rows (nseg == 1), and the K threads of an
 // output row each load and convert its dY pair.
 template <typename T, int K, bool DB, bool AK>
 __global__ void __launch_bounds__(block_threads(K))
@@ -1172,8 +1175,8 @@ int mode() {
 // Switches (read once). CUDADOCTOR_OPS_DW_WGRAD_V3_AK=0: one kernel row per thread also for 3x3
 // (default: all rows, AK). CUDADOCTOR_OPS_DW_WGRAD_V3_DB=1: two band buffers (DB; default one).
 // CUDADOCTOR_OPS_DW_WGRAD_V3_KB=48|64|96|128|192: shared memory for the band buffers (default 96
-// with AK, else 48; above 48 the kernel opts in). CUDADOCTOR_OPS_DW_WGRAD_V3_UPB=1..64: at most that many units
-// per block (default: as few blocks as one wave of resident blocks needs).
+// with AK, else 48; above 48 the kernel opts in). CUDADOCTOR_OPS_DW_WGRAD_V3_UPB=1..64: at most
+// that many units per block (default: as few blocks as one wave of resident blocks needs).
 int db_setting() {
   static const int v = env_choice("CUDADOCTOR_OPS_DW_WGRAD_V3_DB", {0, 1}, 0);
   return v;
@@ -1194,7 +1197,7 @@ int upb_setting() {
   return v;
 }
 // CUDADOCTOR_OPS_DW_WGRAD_V3_IMGS=1..16: images per unit where one band holds a whole image (at
-// most what the budget holds); unset: imgs_auto.
+// most what the budget holds); unset: the choice of with_images.
 int imgs_setting() {
   static const int v = env_positive_int("CUDADOCTOR_OPS_DW_WGRAD_V3_IMGS", 16);
   return v;
@@ -1216,7 +1219,8 @@ bool allow_smem(const void* kern, size_t bytes) {
   auto it = limit.find({kern, dev});
   if (it == limit.end()) {
     int optin = 0;
-    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
+            cudaSuccess ||
         cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, optin) !=
             cudaSuccess) {
       (void)cudaGetLastError();
@@ -1298,11 +1302,12 @@ struct Plan {
 bool with_images(const FastShape& s, Plan& p, size_t budget, int64_t& wave) {
   const size_t per = band_bytes(p.geo.TH, s.K, p.geo.pitchI, p.geo.pitchG);
   const size_t red = static_cast<size_t>(p.SY) * (s.K * s.K + 1) * kCB * sizeof(float);
-  int most = static_cast<int>(std::min<size_t>({budget / per, static_cast<size_t>(s.N), size_t(16)}));
+  int most =
+      static_cast<int>(std::min<size_t>({budget / per, static_cast<size_t>(s.N), size_t(16)}));
   if (most < 1) most = 1;
   const int forced = imgs_setting();
   if (forced == 0 && per * most > 48 * 1024) most = std::max(1, static_cast<int>(48 * 1024 / per));
-  const int threads = kPairs * s.K * slices(s.K);
+  const int threads = block_threads(s.K);
   for (int imgs = 1; imgs <= most; ++imgs) {
     if (forced > 0 && imgs != std::min(forced, most)) continue;
     const size_t smem = std::max(per * imgs, red);
@@ -1348,7 +1353,7 @@ bool plan_for(DType dt, const FastShape& s, Plan& p) {
   p.kernel = kernel_for(dt, s.K, p.db, p.ak);
   if (p.kernel == nullptr || !allow_smem(p.kernel, p.geo.smem)) return false;
   int64_t wave = static_cast<int64_t>(current_sm_count()) *
-                 resident_blocks_per_sm(p.kernel, kPairs * s.K * slices(s.K), p.geo.smem);
+                 resident_blocks_per_sm(p.kernel, block_threads(s.K), p.geo.smem);
   p.units = static_cast<int64_t>(s.N) * p.geo.bands;
   if (p.geo.bands == 1 && !p.db && !with_images(s, p, budget, wave)) return false;
   int64_t gxw = (wave + p.gy - 1) / p.gy;
