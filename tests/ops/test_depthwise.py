@@ -1488,13 +1488,9 @@ def test_bwd2_kernel_switches_in_subprocess(switches):
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("CUDADOCTOR_OPS_DW_WGRAD_V1", "CUDADOCTOR_OPS_DW_DGRAD_V1",
-                        "CUDADOCTOR_OPS_DW_WGRAD_PF", "CUDADOCTOR_OPS_DW_WGRAD_SMEM",
-                        "CUDADOCTOR_OPS_DW_WGRAD_V3_DB", "CUDADOCTOR_OPS_DW_WGRAD_V3_AK",
-                        "CUDADOCTOR_OPS_DW_WGRAD_V3_KB", "CUDADOCTOR_OPS_DW_WGRAD_V3_UPB",
-                        "CUDADOCTOR_OPS_DW_WGRAD_V3_IMGS",
-                        "CUDADOCTOR_OPS_DEPTHWISE_IMPL")}
+    # every switch of the list (and the impl override) comes from this test's setting alone
+    clear = {k for sw in _BWD2_SWITCHES for k in sw} | {"CUDADOCTOR_OPS_DEPTHWISE_IMPL"}
+    env = {k: v for k, v in os.environ.items() if k not in clear}
     env.update(switches)
     pkg_parent = str(pathlib.Path(cudadoctor_ops.__file__).resolve().parents[1])
     env["PYTHONPATH"] = pkg_parent + os.pathsep + env.get("PYTHONPATH", "")
