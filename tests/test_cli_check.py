@@ -207,3 +207,27 @@ def test_probe_crash_is_a_paragraph(monkeypatch, capsys):
     assert main(["check"]) == 2
     err = capsys.readouterr().err
     assert "simulated probe bug" in err and "Traceback" not in err
+
+
+def test_torch_timeout_reaches_the_probe_and_is_checked(monkeypatch, capsys):
+    import cudadoctor.probes as probes
+
+    seen = []
+    monkeypatch.setattr(probes, "collect_facts", lambda *a, **k: seen.append(k.get("torch_timeout")) or facts())
+    assert main(["check", "--torch-timeout", "150"]) == 0
+    assert main(["collect", "--torch-timeout", "90"]) == 0
+    assert main(["check"]) == 0
+    assert seen == [150.0, 90.0, 20.0]
+    capsys.readouterr()
+    for bad in ("0", "-5", "7200"):
+        assert main(["check", "--torch-timeout", bad]) == 2
+        err = capsys.readouterr().err
+        assert "--torch-timeout" in err and "3600" in err and "Traceback" not in err
+    assert seen == [150.0, 90.0, 20.0]  # a refused value probes nothing
+
+
+def test_torch_timeout_is_accepted_with_from(tmp_path, capsys):
+    path = _write(tmp_path, facts())
+    assert main(["check", "--from", path, "--torch-timeout", "60"]) == 0
+    assert main(["check", "--from", path, "--torch-timeout", "nope"]) == 2
+    assert "not a number" in capsys.readouterr().err

@@ -26,10 +26,15 @@ BLOCKING_IDS = {"TORCH_CPU_ONLY", "TORCH_IMPORT_FAILED", "TORCH_MISSING"}
 AUTO_FIXED = {"TOOLKIT_INCOMPLETE"}
 
 
+# The build imports torch itself, so the host check waits as long as a slow first import can take (a
+# cold disk cache right after installing torch takes well over the doctor's default 20 s on some disks).
+HOST_TORCH_TIMEOUT = 300.0
+
+
 def host_facts() -> dict:
     from cudadoctor.probes import collect_facts
 
-    return collect_facts(torch_mode="auto")
+    return collect_facts(torch_mode="auto", torch_timeout=HOST_TORCH_TIMEOUT)
 
 
 def blocking_findings(report: dict) -> list[dict]:

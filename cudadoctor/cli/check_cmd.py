@@ -72,7 +72,24 @@ def _installed_ops() -> list:
     return installed_extension_entries("cudadoctor_ops", load_check=True)
 
 
-def _collect(redacted: bool, *, with_installed_ops: bool = False) -> dict[str, Any]:
+DEFAULT_TORCH_TIMEOUT = 20.0
+
+
+def torch_timeout_arg(value: Any) -> float:
+    """--torch-timeout S: a positive number of seconds, at most an hour."""
+    try:
+        t = float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"--torch-timeout {value!r}: not a number of seconds.",
+                         hint="Give the seconds the torch child may take to import torch, e.g. --torch-timeout 120.") from None
+    if not (0 < t <= 3600):
+        raise InputError(f"--torch-timeout {value}: must be more than 0 and at most 3600 seconds.",
+                         hint=f"The default is {DEFAULT_TORCH_TIMEOUT:g}; a slow first import rarely needs more than 180.")
+    return t
+
+
+def _collect(redacted: bool, *, with_installed_ops: bool = False,
+             torch_timeout: float = DEFAULT_TORCH_TIMEOUT) -> dict[str, Any]:
     try:
         from cudadoctor.probes import collect_facts
     except ImportError as exc:
@@ -81,7 +98,7 @@ def _collect(redacted: bool, *, with_installed_ops: bool = False) -> dict[str, A
     # The installed cudadoctor_ops is inspected (and import-checked) concurrently with the probes.
     extra = {"extensions": _installed_ops} if with_installed_ops else None
     try:
-        facts = collect_facts(extra=extra)
+        facts = collect_facts(extra=extra, torch_timeout=torch_timeout)
     except CudadoctorError:
         raise
     except Exception as exc:  # noqa: BLE001 - a probe bug must end in a paragraph, not a traceback
@@ -129,6 +146,7 @@ def run_check(
     ascii_only: bool = False,
     ext: Optional[list] = None,
     ext_packages: Optional[list] = None,
+    torch_timeout: Any = DEFAULT_TORCH_TIMEOUT,
 ) -> int:
     """The whole of `check`: print the rendered report and return the exit code."""
     from cudadoctor import render
@@ -145,11 +163,12 @@ def run_check(
         fmt = "json"
     if from_file == "-" and (error == "-" or error_file == "-"):
         raise InputError("only one of --from and --error/--error-file can read stdin.")
+    torch_timeout = torch_timeout_arg(torch_timeout)
     text = read_error_text(error, error_file)
     if from_file is not None:
         facts = load_facts_file(from_file)
     else:
-        facts = _collect(redacted=False, with_installed_ops=not ext_packages)
+        facts = _collect(redacted=False, with_installed_ops=not ext_packages, torch_timeout=torch_timeout)
     facts = add_extensions(facts, ext, ext_packages)
     from cudadoctor.doctor import diagnose
 
@@ -185,6 +204,8 @@ def check(
                                             help="Inspect a compiled extension (.so, .whl or folder; repeatable)."),
     ext_packages: Optional[list[str]] = typer.Option(None, "--ext-package", metavar="NAME",
                                                      help="Inspect an installed extension package (repeatable)."),
+    torch_timeout: float = typer.Option(DEFAULT_TORCH_TIMEOUT, "--torch-timeout", metavar="S",
+                                        help="Seconds the torch child may take to import torch (default 20)."),
 ) -> None:
     """Diagnose this machine (or a saved snapshot): driver, GPUs, torch, toolkit, compiler, arch list.
 
@@ -192,7 +213,8 @@ def check(
     """
     raise typer.Exit(run_check(from_file=from_file, error=error, error_file=error_file, json_out=json_out,
                                fmt=fmt, strict=strict, verbose=verbose, list_rules=list_rules,
-                               ascii_only=ascii_only, ext=ext, ext_packages=ext_packages))
+                               ascii_only=ascii_only, ext=ext, ext_packages=ext_packages,
+                               torch_timeout=torch_timeout))
 
 
 def fast_check(argv: list[str]) -> Optional[int]:
@@ -217,6 +239,7 @@ def fast_check(argv: list[str]) -> Optional[int]:
     ap.add_argument("--ascii", dest="ascii_only", action="store_true")
     ap.add_argument("--ext", action="append")
     ap.add_argument("--ext-package", dest="ext_packages", action="append")
+    ap.add_argument("--torch-timeout", dest="torch_timeout", default=DEFAULT_TORCH_TIMEOUT)
     try:
         ns, extra = ap.parse_known_args(rest)
     except (argparse.ArgumentError, SystemExit):
@@ -252,9 +275,11 @@ def _can_encode(s: str) -> bool:
 def collect(
     output: Optional[str] = typer.Option(None, "-o", "--output", metavar="FILE", help="Write the snapshot here (default: stdout)."),
     no_redact: bool = typer.Option(False, "--no-redact", help="Keep user names, home paths and host names."),
+    torch_timeout: float = typer.Option(DEFAULT_TORCH_TIMEOUT, "--torch-timeout", metavar="S",
+                                        help="Seconds the torch child may take to import torch (default 20)."),
 ) -> None:
     """Probe this machine and print the facts snapshot (cudadoctor.facts/1), redacted by default."""
-    facts = _collect(redacted=not no_redact)
+    facts = _collect(redacted=not no_redact, torch_timeout=torch_timeout_arg(torch_timeout))
     text = json.dumps(facts, indent=2, default=str) + "\n"
     if output is None or output == "-":
         typer.echo(text, nl=False)

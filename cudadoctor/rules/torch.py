@@ -145,7 +145,11 @@ def torch_import_failed(f: Facts):
     python = f.get("python.executable") or "python3"
     version = _torch_version(f)
     fix: list[str] = []
-    if "killed by signal" in low or "timed out" in low:
+    timed_out = "timed out" in low
+    if timed_out:
+        fix.append("cudadoctor check --torch-timeout 180   (waits longer: if torch then imports, the import "
+                   "was only slow, e.g. a cold disk cache after installing torch or a network filesystem)")
+    if "killed by signal" in low or timed_out:
         fix.append(f"{python} -X faulthandler -c 'import torch'   (shows where the import crashes or hangs)")
     if any(s in low for s in _SHARED_LIB_ERRORS):
         fix.append(f"{python} -m pip install --force-reinstall --no-deps torch{'==' + version if version else ''}"
@@ -153,12 +157,21 @@ def torch_import_failed(f: Facts):
     if not fix:
         fix.append(f"{python} -m pip install --force-reinstall torch{'==' + version if version else ''}")
     last = err.splitlines()[-1][:300]
+    if timed_out:
+        title = "importing torch did not finish in time"
+        detail = (f"`import torch` in {python} did not finish: {last}. A hang (a lock held by another process, "
+                  "a deadlocked CUDA initialisation) never finishes; a slow import (the first one from a cold "
+                  "disk cache, a network filesystem) does, given longer. Until torch imports in time, the "
+                  "other findings were judged without torch's own view of the GPU.")
+    else:
+        title = "importing torch fails"
+        detail = (f"`import torch` in {python} failed: {last}. Nothing that needs torch (building or loading "
+                  "extensions, running CUDA ops) can work until it imports; the other findings were judged "
+                  "without torch's own view of the GPU.")
     return Finding(
         id="TORCH_IMPORT_FAILED", severity="error", area="torch",
-        title="importing torch fails",
-        detail=(f"`import torch` in {python} failed: {last}. Nothing that needs torch (building or loading "
-                "extensions, running CUDA ops) can work until it imports; the other findings were judged "
-                "without torch's own view of the GPU."),
+        title=title,
+        detail=detail,
         fix=fix, facts=["torch.import_error", "python.executable"],
     )
 

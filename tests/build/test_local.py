@@ -158,3 +158,14 @@ def test_fingerprint_ignores_jobs_and_output_folder(tmp_path):
     d = P.make_plan(P.TargetSpec(arch="8.6,8.9"), source="/s", out="/o1", backend="local", compress=False)
     assert len({repr(fingerprint(x, "h")) for x in (a, c, d)}) == 3
     assert fingerprint(a, "h") != fingerprint(a, "other source")
+
+
+def test_host_check_waits_for_a_slow_first_torch_import(monkeypatch):
+    """The build imports torch itself, so its host check must not refuse a torch that is only slow to
+    import (a cold disk cache right after installing it): it waits far longer than `check`'s 20 s."""
+    import cudadoctor.probes as probes
+
+    seen = {}
+    monkeypatch.setattr(probes, "collect_facts", lambda *a, **k: seen.update(k) or {})
+    assert L.host_facts() == {}
+    assert seen["torch_timeout"] == L.HOST_TORCH_TIMEOUT >= 180

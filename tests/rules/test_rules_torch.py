@@ -149,3 +149,19 @@ def test_build_isolation_needs_both_the_message_and_the_isolated_build():
     # torch really missing: TORCH_MISSING, not build isolation
     ids = _ids({"torch": {"import_error": "No module named 'torch'"}, "error_text": text})
     assert "BUILD_ISOLATION_HIDES_TORCH" not in ids and "TORCH_MISSING" in ids
+
+
+def test_torch_import_timeout_says_it_may_be_slow_not_hung_and_how_to_wait_longer():
+    from cudadoctor.rules import evaluate
+
+    fs = evaluate({"python": {"executable": "/venv/bin/python"},
+                   "torch": {"import_error": "timed out after 20s while loading torch._C"}})
+    f = next(x for x in fs if x.id == "TORCH_IMPORT_FAILED")
+    assert f.title == "importing torch did not finish in time"
+    assert "timed out after 20s" in f.detail and "cold disk cache" in f.detail
+    assert f.fix[0].startswith("cudadoctor check --torch-timeout 180")
+    assert any("-X faulthandler" in c for c in f.fix)
+    # a crash is not called slow
+    crash = next(x for x in evaluate({"torch": {"import_error": "killed by signal 11 (SIGSEGV) while importing torch"}})
+                 if x.id == "TORCH_IMPORT_FAILED")
+    assert crash.title == "importing torch fails" and not any("--torch-timeout" in c for c in crash.fix)
