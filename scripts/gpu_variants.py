@@ -61,6 +61,8 @@
          thread, one image per unit: the kernel before both), then default again (also settable:
          _IMGS=2.., _DB=1, _KB, _UPB)
     dwv3q the same layers, default against _IMGS=1 only
+    dwv5 the 5x5 layers of dwv3: default (one kernel row per thread, 48 KB) against _AK=2 (all 25
+         taps per thread also for 5x5; 96 KB), _AK=2 with _KB=48, and _KB=96 alone
 
 Each line: the case, then ms per setting and torch's ms, and the ratio torch / ours per setting.
 Timing as the bench (cudadoctor_ops.bench.Timer: triton do_bench medians, L2 flush before each
@@ -138,6 +140,8 @@ _AK0 = {"CUDADOCTOR_OPS_DW_WGRAD_V3_AK": "0"}
 _IM1 = {"CUDADOCTOR_OPS_DW_WGRAD_V3_IMGS": "1"}
 DWV3_SETTINGS = [{}, _IM1, {**_AK0, **_IM1}, {}]
 DWV3Q_SETTINGS = [{}, _IM1]
+_AK2 = {"CUDADOCTOR_OPS_DW_WGRAD_V3_AK": "2"}
+DWV5_SETTINGS = [{}, _AK2, {**_AK2, "CUDADOCTOR_OPS_DW_WGRAD_V3_KB": "48"}, {"CUDADOCTOR_OPS_DW_WGRAD_V3_KB": "96"}]
 DWW_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "0"}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "1"}, {"CUDADOCTOR_OPS_DW_WGRAD_PF": "1"},
                 {"CUDADOCTOR_OPS_DW_WGRAD_PF": "2"}]
 
@@ -322,9 +326,9 @@ def _child(part: str) -> None:
                 del g
             del x, wt
             torch.cuda.empty_cache()
-    elif part == "dwv3":
+    elif part in ("dwv3", "dwv5"):
         for _, n, c, h, w_, k, s in MOBILE_LAYERS:
-            if s != 1 or h * w_ > 32 * 32:
+            if s != 1 or h * w_ > 32 * 32 or (part == "dwv5" and k != 5):
                 continue
             for dt in (torch.float16, torch.bfloat16):
                 x = torch.randn(n, c, h, w_, device="cuda", dtype=dt).to(memory_format=torch.channels_last)
@@ -396,7 +400,7 @@ def main(argv: list[str]) -> int:
                     "dwb": DWB_SETTINGS, "dwb4": DWB4_SETTINGS, "dww": DWW_SETTINGS,
                     "dwh": DWH_SETTINGS, "dwbh": DWBH_SETTINGS,
                     "dwsh": DWSH_SETTINGS, "dwv3": DWV3_SETTINGS,
-                    "dwv3q": DWV3Q_SETTINGS}[part]
+                    "dwv3q": DWV3Q_SETTINGS, "dwv5": DWV5_SETTINGS}[part]
         child = {"dwb4": "dwb", "dwn4": "dwn", "dwh": "dwa", "dwbh": "dwb", "dwv3q": "dwv3"}.get(part, part)
         results = [(_label(env), _run(child, env)) for env in settings]
         results = [(lab, r) for lab, r in results if r]

@@ -883,9 +883,10 @@ bool dispatch(DType dt, const void* go, const void* in, void* gw, void* gb, floa
 //     kernel rows x SY row slices; thread (cp, kh, sy) walks the band's output rows sy, sy + SY, ..
 //     keeping the K input pairs of its kernel row's window as float2 in a ring (one new input pair
 //     and one dY pair per step) and adds K taps x 2 channels. 48 KB of bands.
-//   - AK, 3x3 by default: threads (16 channel pairs) x 15 slices; a thread owns all 9 taps of its
-//     pair and walks work items (output row, column segment; ak_segments), per step one dY pair
-//     and 3 input pairs (one ring per kernel row) for 18 FMAs, so each dY pair is loaded and
+//   - AK, 3x3 by default (5x5 with _V3_AK=2): threads (16 channel pairs) x 15 slices; a thread
+//     owns all K x K taps of its pair and walks work items (output row, column segment;
+//     ak_segments), per step one dY pair and K input pairs (one ring per kernel row) for 2 K^2
+//     FMAs (18 at 3x3), so each dY pair is loaded and
 //     converted once instead of once per kernel row. 96 KB of bands (opt-in): 28x28 in 2 bands of
 //     14 rows instead of 3 of 10.
 // Where a band is a whole image, a unit can be several images (with_images: 7x7 planes take 4-5),
@@ -1006,8 +1007,9 @@ __device__ __forceinline__ void stage_band(const T* __restrict__ go, const T* __
 
 // DB: two band buffers; the copies of unit u + 1 are in flight while unit u is computed (one
 // commit group per unit). Without it, each unit is copied, waited for and computed in turn.
-// AK (K == 3): a thread (cp, 0, sy) owns all K x K taps of its channel pair and walks the unit's
-// work items sy, sy + SY, .. (image, column segment, output row): per step one dY pair and K input
+// AK (K == 3, or 5 with _V3_AK=2): a thread (cp, 0, sy) owns all K x K taps of its channel pair
+// and walks the unit's work items sy, sy + SY, .. (image, column segment, output row): per step one
+// dY pair and K input
 // pairs (one per kernel row, each window a ring), K*K*2 FMAs; without AK a thread (cp, kh, sy)
 // owns one kernel row (K taps) and walks whole output rows (nseg == 1), and the K threads of an
 // output row each load and convert its dY pair.
@@ -1016,7 +1018,7 @@ __global__ void __launch_bounds__(block_threads(K))
     wgrad_nhwc_v3(const T* __restrict__ go, const T* __restrict__ in, float* __restrict__ ws,
                   int N, int C, int H, int W, int Ho, int Wo, int PH, int PW, int Wp, int pitchI,
                   int pitchG, int TH, int bands, int imgs, int nseg, int L, int64_t units) {
-  static_assert(!AK || K == 3, "all kernel rows per thread: 3x3 only");
+  static_assert(!AK || K == 3 || K == 5, "all kernel rows per thread: 3x3 and 5x5 only");
   constexpr int KK = K * K;
   constexpr int KR = AK ? K : 1;  // kernel rows per thread
   extern __shared__ __align__(16) uint32_t v3_smem[];
@@ -1173,7 +1175,7 @@ int mode() {
 }
 
 // Switches (read once). CUDADOCTOR_OPS_DW_WGRAD_V3_AK=0: one kernel row per thread also for 3x3
-// (default: all rows, AK). CUDADOCTOR_OPS_DW_WGRAD_V3_DB=1: two band buffers (DB; default one).
+// (default: all rows, AK, for 3x3 only); =2: AK for 5x5 too (128 registers in the sm_90 build). CUDADOCTOR_OPS_DW_WGRAD_V3_DB=1: two band buffers (DB; default one).
 // CUDADOCTOR_OPS_DW_WGRAD_V3_KB=48|64|96|128|192: shared memory for the band buffers (default 96
 // with AK, else 48; above 48 the kernel opts in). CUDADOCTOR_OPS_DW_WGRAD_V3_UPB=1..64: at most
 // that many units per block (default: as few blocks as one wave of resident blocks needs).
@@ -1182,7 +1184,7 @@ int db_setting() {
   return v;
 }
 int ak_setting() {
-  static const int v = env_choice("CUDADOCTOR_OPS_DW_WGRAD_V3_AK", {0, 1}, 1);
+  static const int v = env_choice("CUDADOCTOR_OPS_DW_WGRAD_V3_AK", {0, 1, 2}, 1);
   return v;
 }
 // 0 when unset (the default by kernel)
@@ -1255,7 +1257,7 @@ const void* kernel_ptr() {
 
 template <typename T, int K>
 const void* kernel_variant(bool db, bool ak) {
-  if constexpr (K == 3) {
+  if constexpr (K == 3 || K == 5) {
     if (ak) return db ? kernel_ptr<T, K, true, true>() : kernel_ptr<T, K, false, true>();
   }
   return db ? kernel_ptr<T, K, true, false>() : kernel_ptr<T, K, false, false>();
@@ -1264,7 +1266,7 @@ const void* kernel_variant(bool db, bool ak) {
 const void* kernel_for(DType dt, int K, bool db, bool ak) {
 #define CDO_DW_V3K(T)                                  \
   if (K == 3) return kernel_variant<T, 3>(db, ak);     \
-  if (K == 5) return kernel_variant<T, 5>(db, false);  \
+  if (K == 5) return kernel_variant<T, 5>(db, ak);     \
   if (K == 7) return kernel_variant<T, 7>(db, false);  \
   return nullptr;
   switch (dt) {
@@ -1335,7 +1337,7 @@ bool plan_for(DType dt, const FastShape& s, Plan& p) {
   if (!(s.K == 3 || s.K == 5 || s.K == 7)) return false;
   if (s.N <= 0 || s.H <= 0 || s.W <= 0 || s.Ho <= 0 || s.Wo <= 0) return false;
   if (s.Ho != s.H + 2 * s.PH - s.K + 1 || s.Wo != s.W + 2 * s.PW - s.K + 1) return false;
-  p.ak = s.K == 3 && ak_setting() != 0;
+  p.ak = (s.K == 3 && ak_setting() != 0) || (s.K == 5 && ak_setting() == 2);
   p.SY = p.ak ? s.K * slices(s.K) : slices(s.K);
   p.db = db_setting() == 1;
   const size_t budget = smem_setting() > 0 ? smem_setting() : (p.ak ? 96 : 48) * size_t(1024);
@@ -1384,7 +1386,7 @@ template <typename T, int K>
 void run(const void* go, const void* in, void* gw, void* gb, float* ws, const FastShape& s,
          const Plan& p, cudaStream_t stream) {
   bool done = false;
-  if constexpr (K == 3) {
+  if constexpr (K == 3 || K == 5) {
     if (p.ak) {
       (p.db ? launch_stage1<T, K, true, true> : launch_stage1<T, K, false, true>)(go, in, ws, s, p,
                                                                                   stream);
