@@ -64,6 +64,9 @@ def test_scenario(path: Path):
         assert fid in found, f"also-expected {fid} not reported; got {found}"
     for fid in expect.get("absent") or []:
         assert fid not in found, f"{fid} must not be reported; got {found}"
+    if expect.get("fix_contains"):
+        fix = next(f for f in report["findings"] if f["id"] == primary)["fix"]
+        assert any(expect["fix_contains"] in line for line in fix), f"{expect['fix_contains']!r} not in {fix}"
 
 
 def test_every_finding_has_fix_or_is_info():
