@@ -316,6 +316,6 @@ def build(req: BuildRequest, console: Console) -> list[BuildResult]:
 
             env, notes = L.local_env(plan, facts or {}, report or {}, dict(os.environ))
             for n in notes:
-                console.print(f"  • {n}", highlight=False)
+                console.print(f"  • {n}", highlight=False, soft_wrap=True)  # a path stays one line to copy
         results.append(run_plan(plan, req, console, local_env=env))
     return results
