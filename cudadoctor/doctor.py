@@ -43,6 +43,8 @@ ERROR_SIGNATURES: tuple[tuple[str, tuple[str, ...]], ...] = (
      ("DRIVER_LIBRARY_MISMATCH", "DRIVER_TOO_OLD")),
     (r"no module named 'torch'", ("BUILD_ISOLATION_HIDES_TORCH", "TORCH_MISSING")),
     (r"segmentation fault|sigsegv", ("EXT_STATIC_CXX_RUNTIME", "TORCH_IMPORT_FAILED")),
+    (r"python\.h: no such (file or directory|file or folder|directory or file)|cannot open include file: 'python\.h'",
+     ("PYTHON_HEADERS_MISSING",)),
 )
 _COMPILED = tuple((re.compile(p, re.IGNORECASE), ids) for p, ids in ERROR_SIGNATURES)
 

@@ -25,6 +25,8 @@ Fields beyond docs/facts-v1.md (all optional for readers):
               library_paths (CUDA libraries the process mapped), device_count, devices
               [{index, name, cc, kernel_ok, launch_error}], warnings, import_error_type,
               import_traceback, site_dirs, hip, git_version
+  python      include_dir (sysconfig's include folder, a venv's base installation's), has_python_h
+              (Python.h is in it: torch's extension builds include it)
   tools       paths
   probe       seconds, root, errors (a probe that raised)
 
@@ -232,11 +234,17 @@ def _normalise_arch() -> str | None:
 
 def _python_section(py: dict | None, python: str) -> dict:
     if py and py.get("version"):
-        return {"version": py.get("version"), "executable": py.get("executable") or python,
-                "implementation": py.get("implementation")}
+        out = {"version": py.get("version"), "executable": py.get("executable") or python,
+               "implementation": py.get("implementation")}
+        if "has_python_h" in py:
+            out["include_dir"], out["has_python_h"] = py.get("include_dir"), py.get("has_python_h")
+        return out
     if os.path.realpath(python) == os.path.realpath(sys.executable):
+        from .torch_child import python_headers
+
+        inc, has = python_headers()
         return {"version": platform.python_version(), "executable": sys.executable,
-                "implementation": sys.implementation.name}
+                "implementation": sys.implementation.name, "include_dir": inc, "has_python_h": has}
     out = {"version": None, "executable": python}
     if py and py.get("error"):
         out["error"] = py["error"]

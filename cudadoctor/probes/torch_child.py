@@ -91,6 +91,19 @@ def site_dirs():
     return dirs
 
 
+def python_headers():
+    """(include folder, whether Python.h is in it) of this interpreter: what torch's extension builds
+    put on the compiler's include path (a venv reports its base installation's folder)."""
+    try:
+        import sysconfig
+        inc = sysconfig.get_paths().get("include") or sysconfig.get_config_var("INCLUDEPY")
+    except Exception:  # noqa: BLE001
+        return None, None
+    if not inc:
+        return None, None
+    return inc, os.path.isfile(os.path.join(inc, "Python.h"))
+
+
 def cudnn_string(v):
     try:
         v = int(v)
@@ -249,6 +262,7 @@ def main():
     sys.path[:] = [p for p in sys.path if p not in ("", ".", cwd)]
     mode = sys.argv[1] if len(sys.argv) > 1 else "auto"
     result["site_dirs"] = site_dirs()
+    result["python"]["include_dir"], result["python"]["has_python_h"] = python_headers()
     t = {
         "version": None, "cuda": None, "arch_list": None, "cxx11_abi": None, "cudnn": None,
         "cuda_available": None, "device_error": None, "import_error": None, "probe_mode": None,

@@ -293,3 +293,72 @@ def host_compiler_unsupported(f: Facts):
         facts=["host_compiler.version", "host_compiler.name", "toolkits[0].nvcc"],
         area="compiler",
     )
+
+
+_PYTHON_H_TEXT = ("python.h: no such file or directory", "python.h: no such file or folder",
+                  "python.h: no such directory or file", "cannot open include file: 'python.h'")
+_APT = ("debian", "ubuntu", "mint", "pop", "raspbian", "kali")
+_DNF = ("fedora", "rhel", "centos", "rocky", "alma", "amzn", "amazon", "ol", "oracle", "red hat")
+
+
+def _distro_family(f: Facts) -> str | None:
+    names = " ".join(str(f.get(k) or "") for k in ("host.distro_id", "host.distro")).lower()
+    if any(n in names.split() or names.startswith(n) for n in _APT):
+        return "apt"
+    if any(n in names.split() or names.startswith(n) for n in _DNF):
+        return "dnf"
+    if "alpine" in names:
+        return "apk"
+    if "suse" in names:
+        return "zypper"
+    return None
+
+
+def _python_headers_fix(f: Facts, mm: str | None, inc: str | None) -> list[str]:
+    ver = f"python{mm}" if mm else "python3"
+    system = inc is None or inc.startswith("/usr/include/")
+    family = _distro_family(f)
+    fix: list[str] = []
+    if system:
+        apt = f"sudo apt-get install -y {ver}-dev   (Debian, Ubuntu: the headers of the distribution's {ver})"
+        dnf = (f"sudo dnf install -y {ver}-devel   (Fedora, RHEL and derivatives; python3-devel for the "
+               "distribution's default python3)")
+        by = {"apt": [apt], "dnf": [dnf], "apk": ["apk add python3-dev   (Alpine)"],
+              "zypper": [f"sudo zypper install -y {ver.replace('.', '')}-devel   (openSUSE)"]}
+        fix += by.get(family or "", [apt, dnf])
+    else:
+        fix.append(f"the Python at {inc.rsplit('/include', 1)[0]} was installed without its headers: install a "
+                   "build that ships them (pyenv install, uv python install, conda, the python.org installers "
+                   "all do) and recreate the virtual environment from it")
+    fix.append("or build in a container that has them: cudadoctor build --backend docker")
+    return fix
+
+
+@rule("PYTHON_HEADERS_MISSING", severity="error", area="compiler", priority=37,
+      summary="the probed Python has no Python.h, which every torch C++/CUDA extension build includes")
+def python_headers_missing(f: Facts):
+    has = f.get("python.has_python_h")
+    said = next((t for t in _PYTHON_H_TEXT if t in error_texts(f)), None)
+    if has is True or (has is None and not said):
+        return None
+    inc = f.get("python.include_dir") if isinstance(f.get("python.include_dir"), str) else None
+    v = parse(f.get("python.version"))
+    mm = f"{v.release[0]}.{v.release[1]}" if v is not None and len(v.release) >= 2 else None
+    python = f.get("python.executable") or "python3"
+    can_build = any(isinstance(t, dict) and t.get("nvcc") for t in toolkits(f)) or said is not None
+    where = f"{inc} has no Python.h" if inc else "Python.h was not found"
+    return Finding(
+        id="PYTHON_HEADERS_MISSING",
+        severity="error" if can_build else "warning",
+        title=f"{'Python ' + mm if mm else 'this Python'}'s C headers (Python.h) are not installed",
+        detail=(f"{python}: {where}. torch/extension.h includes it (torch/csrc/python_headers.h), so every "
+                "C++/CUDA extension build for this interpreter stops with 'fatal error: Python.h: No such file "
+                "or directory'; running prebuilt wheels is unaffected."
+                + (" Distribution Pythons ship the headers in a separate -dev / -devel package."
+                   if inc is None or inc.startswith("/usr/include/") else "")
+                + (f" The error says {said!r}." if said else "")
+                + ("" if can_build else " No nvcc was found either, so nothing is built here yet.")),
+        fix=_python_headers_fix(f, mm, inc),
+        facts=["python.has_python_h", "python.include_dir", "python.version"],
+        area="compiler",
+    )

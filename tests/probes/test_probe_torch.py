@@ -137,3 +137,30 @@ def test_full_probe_segfault_during_launch():
     assert torch["import_error"] is None
     assert torch["version"] == "2.3.1+cu121"
     assert torch["device_error"] == "killed by signal 11 (SIGSEGV) while launching a kernel"
+
+
+def test_child_reports_the_interpreters_python_h(tmp_path):
+    """The probed interpreter's include folder and whether Python.h is in it: this one has its headers;
+    an interpreter whose sysconfig include folder lacks Python.h (a distribution Python without its -dev
+    package; faked here with a sitecustomize) is reported as such."""
+    import sysconfig
+
+    py, _ = _probe({})
+    assert py["include_dir"] == sysconfig.get_paths()["include"]
+    assert py["has_python_h"] is os.path.isfile(os.path.join(py["include_dir"], "Python.h")) is True
+    empty = tmp_path / "include"
+    empty.mkdir()
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import sysconfig\n_real = sysconfig.get_paths\n"
+        f"sysconfig.get_paths = lambda *a, **k: dict(_real(*a, **k), include={str(empty)!r})\n")
+    py, _ = _probe({"PYTHONPATH": str(site)})
+    assert py["include_dir"] == str(empty) and py["has_python_h"] is False
+
+
+def test_collect_facts_carries_the_python_h_fact():
+    from cudadoctor.probes import collect_facts
+
+    py = collect_facts()["python"]
+    assert py["has_python_h"] is True and py["include_dir"].endswith(f"python{sys.version_info[0]}.{sys.version_info[1]}")

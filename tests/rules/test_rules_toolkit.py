@@ -99,3 +99,55 @@ def test_clang_limit():
 def test_gcc_accepted(nvcc, gcc):
     f = facts(toolkits=[{"root": "/usr/local/cuda", "nvcc": nvcc, "via": ["PATH"]}], host_compiler={"version": gcc})
     assert "HOST_COMPILER_UNSUPPORTED" not in ids(f)
+
+
+def _no_headers(**py):
+    return {"version": "3.11.2", "executable": "/usr/bin/python3", "include_dir": "/usr/include/python3.11",
+            "has_python_h": False, **py}
+
+
+def test_python_headers_missing_on_a_distribution_python_names_its_dev_package():
+    fd = finding(facts(python=_no_headers(), host={"distro_id": "debian", "distro": "Debian GNU/Linux 12"}),
+                 "PYTHON_HEADERS_MISSING")
+    assert fd["severity"] == "error" and fd["area"] == "compiler"
+    assert "/usr/include/python3.11 has no Python.h" in fd["detail"]
+    assert fd["fix"][0].startswith("sudo apt-get install -y python3.11-dev")
+    assert not any("dnf" in x for x in fd["fix"])
+    fd = finding(facts(python=_no_headers(), host={"distro_id": "rocky", "distro": "Rocky Linux 9.3"}),
+                 "PYTHON_HEADERS_MISSING")
+    assert fd["fix"][0].startswith("sudo dnf install -y python3.11-devel")
+    # distribution unknown: both package managers' commands
+    fd = finding(facts(python=_no_headers(), host={"distro_id": None, "distro": None}), "PYTHON_HEADERS_MISSING")
+    assert any("apt-get" in x for x in fd["fix"]) and any("dnf" in x for x in fd["fix"])
+
+
+def test_python_headers_missing_outside_usr_asks_for_a_python_that_ships_them():
+    fd = finding(facts(python=_no_headers(executable="/opt/py311/bin/python3",
+                                          include_dir="/opt/py311/include/python3.11")), "PYTHON_HEADERS_MISSING")
+    assert "/opt/py311 was installed without its headers" in fd["fix"][0]
+    assert not any("apt-get" in x for x in fd["fix"]) and "-dev / -devel" not in fd["detail"]
+
+
+def test_python_headers_missing_is_a_warning_where_nothing_can_be_built_yet():
+    fd = finding(facts(python=_no_headers(), toolkits=[]), "PYTHON_HEADERS_MISSING")
+    assert fd["severity"] == "warning" and "No nvcc was found" in fd["detail"]
+
+
+def test_python_headers_from_a_pasted_error_and_never_without_evidence():
+    text = "torch/csrc/python_headers.h:9:10: fatal error: Python.h: No such file or directory"
+    py = {"version": "3.8.10", "executable": "/usr/bin/python3"}
+    f = facts(python=py, toolkits=None, error_text=text)
+    assert ids(f)[0] == "PYTHON_HEADERS_MISSING"
+    assert "python3.8-dev" in finding(f, "PYTHON_HEADERS_MISSING")["fix"][0]
+    assert "PYTHON_HEADERS_MISSING" not in ids(facts(python=py))  # not probed, nothing said
+    assert "PYTHON_HEADERS_MISSING" not in ids(facts(python=_no_headers(has_python_h=True)))
+    # the probed interpreter has them: the failing build used another one; not this finding
+    assert "PYTHON_HEADERS_MISSING" not in ids(facts(python=_no_headers(has_python_h=True), error_text=text))
+
+
+def test_python_headers_missing_blocks_the_local_build():
+    from cudadoctor.build import local_backend as L
+    from cudadoctor.doctor import diagnose
+
+    rep = diagnose(facts(python=_no_headers()))
+    assert "PYTHON_HEADERS_MISSING" in [f["id"] for f in L.blocking_findings(rep)]
