@@ -6,7 +6,8 @@ NVML, nvidia-smi) runs in a child process with a timeout. Sections run concurren
 the torch child starts first because importing torch dominates the wall time.
 
 Fields beyond docs/facts-v1.md (all optional for readers):
-  host        distro_id, distro_version, proc_version, wsl_hints, container_hints, dev_dxg
+  host        distro_id, distro_version, proc_version, wsl_hints, container_hints, dev_dxg, cpus,
+              mem_available_gib (both null when probing a tree other than the live root)
   driver      nvml_error, smi_error (verbatim texts), smi_path, source ("nvml"/"nvidia-smi"),
               kernel_module_line, libcuda_details [{path, realpath, via, version}],
               device_nodes (/dev/nvidia*), ldconfig_error. ``error`` is set only when some trace

@@ -44,7 +44,28 @@ def probe_host(runner: Runner, root: Root, env: Mapping[str, str]) -> dict:
         "container": container,
         "container_hints": container_hints,
         "dev_dxg": root.exists("/dev/dxg"),
+        "cpus": _cpus() if root.is_host else None,
+        "mem_available_gib": _mem_available_gib(root.read_text("/proc/meminfo")) if root.is_host else None,
     }
+
+
+def _cpus() -> int | None:
+    """CPUs this process may run on (its affinity), which is what parallel builds get."""
+    try:
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    except OSError:
+        return os.cpu_count()
+
+
+def _mem_available_gib(meminfo: str | None) -> float | None:
+    """MemAvailable of /proc/meminfo in GiB (what a build can use without swapping), 0.1 GiB steps."""
+    for line in (meminfo or "").splitlines():
+        if line.startswith("MemAvailable:"):
+            try:
+                return round(int(line.split()[1]) / (1024 * 1024), 1)
+            except (IndexError, ValueError):
+                return None
+    return None
 
 
 def _normalise_arch(machine: str) -> str | None:

@@ -13,7 +13,8 @@ from typing import Any, Callable, Iterable
 
 from cudadoctor.findings import SEVERITY_ORDER, Finding
 
-RULE_MODULES = ("driver", "platform", "torch", "toolkit", "arch", "extensions", "environment", "cxx_runtime")
+RULE_MODULES = ("driver", "platform", "torch", "toolkit", "arch", "extensions", "environment", "cxx_runtime",
+                "messages")
 
 
 @dataclass(frozen=True)

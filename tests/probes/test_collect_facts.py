@@ -222,3 +222,14 @@ def test_orchestration_failure_still_gives_a_snapshot(monkeypatch):
     facts = collect_facts(ScriptedRunner(), env={}, torch_mode="skip")
     assert facts["schema"] == SCHEMA and facts["host"] is None and facts["gpus"] == []
     assert facts["probe"]["errors"] == {"collect": "RuntimeError: cannot start"}
+
+
+def test_host_reports_cpus_and_available_memory():
+    from cudadoctor.probes import collect_facts
+    from cudadoctor.probes.host import _mem_available_gib
+
+    host = collect_facts()["host"]
+    assert host["cpus"] == len(os.sched_getaffinity(0))
+    assert isinstance(host["mem_available_gib"], float) and host["mem_available_gib"] > 0
+    assert _mem_available_gib("MemTotal: 100 kB\nMemAvailable:   25165824 kB\n") == 24.0
+    assert _mem_available_gib("garbage") is None and _mem_available_gib(None) is None

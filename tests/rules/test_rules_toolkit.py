@@ -151,3 +151,53 @@ def test_python_headers_missing_blocks_the_local_build():
 
     rep = diagnose(facts(python=_no_headers()))
     assert "PYTHON_HEADERS_MISSING" in [f["id"] for f in L.blocking_findings(rep)]
+
+
+LIBC10 = "ImportError: libc10.so: cannot open shared object file: No such file or directory"
+
+
+def test_extension_loaded_before_torch_says_import_torch_first():
+    fd = finding(facts(error_text=LIBC10, torch={"lib_dir": "/venv/lib/python3.11/site-packages/torch/lib"}),
+                 "EXT_LOADED_BEFORE_TORCH")
+    assert fd["severity"] == "error" and "loaded before torch" in fd["title"]
+    assert "import torch" in fd["fix"][0]
+    assert "LD_LIBRARY_PATH=/venv/lib/python3.11/site-packages/torch/lib:" in fd["fix"][1]
+
+
+def test_extension_libtorch_split_cuda_means_built_against_torch_1_10_to_1_12():
+    text = "ImportError: libtorch_cuda_cu.so: cannot open shared object file: No such file or directory"
+    fd = finding(facts(error_text=text), "EXT_LOADED_BEFORE_TORCH")
+    assert "1.10-1.12" in fd["title"] and fd["fix"][0].startswith("rebuild it against the torch installed now")
+    # on torch 1.12 itself the library exists: then it is the import order again
+    fd = finding(facts(error_text=text, torch={"version": "1.12.1+cu116", "cuda": "11.6"}), "EXT_LOADED_BEFORE_TORCH")
+    assert "loaded before torch" in fd["title"]
+
+
+def test_extension_cuda_library_next_to_a_cpu_torch():
+    text = "ImportError: libc10_cuda.so: cannot open shared object file: No such file or directory"
+    fd = finding(facts(error_text=text, torch={"version": "2.5.1+cpu", "cuda": None}), "EXT_LOADED_BEFORE_TORCH")
+    assert "CPU build" in fd["title"] and "download.pytorch.org" in fd["fix"][0]
+
+
+def test_extension_loaded_before_torch_not_when_torch_itself_fails_or_nothing_said():
+    assert "EXT_LOADED_BEFORE_TORCH" not in ids(facts(error_text=LIBC10, torch={"import_error": LIBC10}))
+    assert "EXT_LOADED_BEFORE_TORCH" not in ids(facts())
+    assert "EXT_LOADED_BEFORE_TORCH" not in ids(facts(error_text="libcudnn.so.9: cannot open shared object file"))
+
+
+def test_build_out_of_memory_sizes_max_jobs_from_the_free_memory():
+    text = "nvcc error   : 'cicc' died due to signal 9 (Kill signal)"
+    fd = finding(facts(error_text=text, host={"cpus": 32, "mem_available_gib": 12.0}), "BUILD_OUT_OF_MEMORY")
+    assert fd["fix"][0].startswith("export MAX_JOBS=4 ") and "34 here" in fd["detail"]
+    fd = finding(facts(error_text=text, host={"cpus": 2, "mem_available_gib": 60.0}), "BUILD_OUT_OF_MEMORY")
+    assert fd["fix"][0].startswith("export MAX_JOBS=2 ")  # never more jobs than CPUs
+    # MAX_JOBS already set and still killed: half of it
+    fd = finding(facts(error_text="c++: fatal error: Killed signal terminated program cc1plus",
+                       env={"MAX_JOBS": "6"}), "BUILD_OUT_OF_MEMORY")
+    assert fd["fix"][0].startswith("export MAX_JOBS=3 ") and "MAX_JOBS=6 was still too many" in fd["fix"][0]
+    assert "cc1plus" in fd["title"]
+
+
+def test_build_out_of_memory_needs_the_message():
+    assert "BUILD_OUT_OF_MEMORY" not in ids(facts(host={"mem_available_gib": 0.5}))
+    assert "BUILD_OUT_OF_MEMORY" not in ids(facts(error_text="killed by signal 11 (SIGSEGV) while importing torch"))

@@ -1,0 +1,121 @@
+"""Rules read off a pasted error message (``check --error``) where the machine's facts alone cannot
+show the cause: an extension imported before torch, and a compiler killed for memory."""
+
+from __future__ import annotations
+
+import re
+
+from cudadoctor.findings import Finding
+from cudadoctor.rules import Facts, rule
+from cudadoctor.versions import parse
+
+# torch's own libraries, which `import torch` loads and an extension links by name (no RPATH to them)
+_TORCH_LIB = re.compile(
+    r"(lib(?:c10(?:_cuda)?|torch(?:_cpu|_cuda(?:_cu|_cpp)?|_python|_global_deps)?|shm))\.so(?:\.[\d.]+)?: "
+    r"cannot open shared object file", re.IGNORECASE)
+_SPLIT_CUDA = ("libtorch_cuda_cu", "libtorch_cuda_cpp")  # torch 1.10-1.12 only
+_CUDA_LIBS = ("libc10_cuda", "libtorch_cuda")
+
+
+def _text(f: Facts) -> str:
+    t = f.get("error_text")
+    return t if isinstance(t, str) else ""
+
+
+def _torch_lib_dir(f: Facts) -> str:
+    d = f.get("torch.lib_dir")
+    if isinstance(d, str) and d:
+        return d
+    return "$(python -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), \"lib\"))')"
+
+
+@rule("EXT_LOADED_BEFORE_TORCH", severity="error", area="extensions", priority=41,
+      summary="an extension cannot find libc10.so / libtorch*.so: loaded before torch, or built against another torch")
+def ext_loaded_before_torch(f: Facts):
+    m = _TORCH_LIB.search(_text(f))
+    if m is None:
+        return None
+    err = f.get("torch.import_error")
+    if isinstance(err, str) and err.strip():
+        return None  # torch itself does not import: TORCH_IMPORT_FAILED / LD_LIBRARY_PATH_SHADOW say why
+    lib = m.group(1).lower()
+    tv = parse(f.get("torch.version"))
+    version = f.get("torch.version") if isinstance(f.get("torch.version"), str) else None
+    cpu_build = version is not None and f.get("torch.cuda") is None and f.get("torch.hip") is None
+    rebuild = ("rebuild it against the torch installed now: pip install --no-build-isolation --no-cache-dir "
+               "--force-reinstall --no-deps <the extension's package or folder>")
+    if lib in _SPLIT_CUDA and (tv is None or tv.release[:2] >= (1, 13)):
+        title = f"the extension was built against torch 1.10-1.12, whose CUDA half was {lib}.so"
+        detail = (f"the error names {m.group(0)!r}. torch 1.10 to 1.12 split libtorch_cuda.so into "
+                  "libtorch_cuda_cu.so and libtorch_cuda_cpp.so; later releases have neither, so an extension "
+                  f"linked against them cannot load next to torch {version or '1.13 or newer'}.")
+        fix = [rebuild]
+    elif lib in _CUDA_LIBS and cpu_build:
+        title = f"the extension was built for a CUDA torch, but torch {version} is a CPU build"
+        detail = (f"the error names {m.group(0)!r}: torch's CUDA libraries, which a CPU build of torch does not "
+                  "ship. The extension was compiled against a CUDA build of torch.")
+        fix = ["install the CUDA build of torch the extension was built with (pip install torch==<version> "
+               "--index-url https://download.pytorch.org/whl/cu<XY>)", "or " + rebuild + " (CPU only)"]
+    else:
+        title = f"an extension was loaded before torch, so {lib}.so was not found"
+        detail = (f"the error names {m.group(0)!r}. Extensions built with torch's BuildExtension link "
+                  "libc10.so and libtorch*.so by name without a path to them; `import torch` loads them into "
+                  "the process first. Importing the compiled module before torch (or loading it from a "
+                  "program that never imports torch) leaves the dynamic loader looking in the default "
+                  "folders only." + (f" torch {version} itself imports." if version else ""))
+        fix = ["import torch before the extension: `import torch` then `import my_ext` (in a package, put "
+               "`import torch` at the top of its __init__.py, before `from . import _C`)",
+               f"a program that does not import torch (C++, ctypes): export LD_LIBRARY_PATH={_torch_lib_dir(f)}"
+               ":$LD_LIBRARY_PATH"]
+    return Finding(id="EXT_LOADED_BEFORE_TORCH", severity="error", area="extensions", title=title,
+                   detail=detail, fix=fix, facts=["error_text", "torch.version", "torch.cuda"])
+
+
+_KILLED = re.compile(
+    r"'(cicc|cudafe\+\+|ptxas|nvlink|fatbinary)' died due to signal 9"
+    r"|killed signal terminated program (cc1plus|cc1)", re.IGNORECASE)
+_GIB_PER_JOB = 2.5  # an nvcc job of a torch extension: about 2 GiB plus the host compiler's share
+
+
+def _int(v) -> int | None:
+    try:
+        return int(str(v).strip())
+    except (TypeError, ValueError):
+        return None
+
+
+@rule("BUILD_OUT_OF_MEMORY", severity="error", area="compiler", priority=39,
+      summary="a compiler process was killed (signal 9) during an extension build: too many parallel jobs for the memory")
+def build_out_of_memory(f: Facts):
+    m = _KILLED.search(_text(f))
+    if m is None:
+        return None
+    prog = m.group(1) or m.group(2)
+    cpus = _int(f.get("host.cpus"))
+    mem = f.get("host.mem_available_gib")
+    mem = float(mem) if isinstance(mem, (int, float)) and mem > 0 else None
+    set_jobs = _int(f.env("MAX_JOBS"))
+    if set_jobs is not None and set_jobs > 1:
+        jobs = max(1, set_jobs // 2)
+        why = f"MAX_JOBS={set_jobs} was still too many"
+    elif mem is not None:
+        jobs = max(1, int(mem // _GIB_PER_JOB))
+        if cpus:
+            jobs = min(jobs, cpus)
+        why = f"{mem:g} GiB available now, about {_GIB_PER_JOB:g} GiB per job"
+    else:
+        jobs = 2
+        why = "memory not probed; each job can take several GiB"
+    ninja = (f"With MAX_JOBS unset, ninja runs as many jobs as there are CPUs plus two ({cpus + 2} here)"
+             if set_jobs is None and cpus else "Each parallel compile job holds its own memory")
+    return Finding(
+        id="BUILD_OUT_OF_MEMORY", severity="error", area="compiler",
+        title=f"the build's {prog} was killed for memory: run fewer compile jobs",
+        detail=(f"the error says {m.group(0)!r}: the kernel's out-of-memory killer stopped the compiler. "
+                f"{ninja}, and one nvcc job of a torch extension peaks at 2 GiB or more (large templated "
+                "kernels, many architectures per file: much more). Nothing is wrong with the sources."),
+        fix=[f"export MAX_JOBS={jobs}   ({why}), then build again",
+             f"or build with cudadoctor build, which sizes its jobs to the free memory (--jobs {jobs} sets them)",
+             "or keep NVCC_APPEND_FLAGS free of --threads N>1 and add swap where memory is small"],
+        facts=["error_text", "host.mem_available_gib", "host.cpus", "env.MAX_JOBS"],
+    )
