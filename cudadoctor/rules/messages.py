@@ -119,3 +119,80 @@ def build_out_of_memory(f: Facts):
              "or keep NVCC_APPEND_FLAGS free of --threads N>1 and add swap where memory is small"],
         facts=["error_text", "host.mem_available_gib", "host.cpus", "env.MAX_JOBS"],
     )
+
+
+_LIBSTDCXX = re.compile(
+    r"(?P<lib>/\S*libstdc\+\+\.so\.6):? version [`'‘](?P<tag>GLIBCXX|CXXABI)_(?P<ver>[\d.]+)['’] not found"
+    r"(?: \(required by (?P<by>[^)\s]+)\))?")
+_CONDA_MARKS = ("/envs/", "conda", "miniforge", "mambaforge", "micromamba")
+
+
+def _gcc_for(glibcxx: str) -> str | None:
+    """The first GCC whose libstdc++ defines GLIBCXX_<glibcxx> (data/libstdcxx.toml)."""
+    from cudadoctor.knowledge import load_table
+
+    want = parse(glibcxx)
+    best = None
+    for row in load_table("libstdcxx"):
+        v = parse(row.get("glibcxx"))
+        if v is not None and want is not None and v <= want:
+            best = row.get("gcc")
+    return best
+
+
+def libstdcxx_match(text: str):
+    return _LIBSTDCXX.search(text or "")
+
+
+@rule("LIBSTDCXX_TOO_OLD", severity="error", area="compiler", priority=38,
+      summary="version `GLIBCXX_...' not found: the process loaded a libstdc++.so.6 older than a library needs")
+def libstdcxx_too_old(f: Facts):
+    texts = [t for t in (f.get("error_text"), f.get("torch.import_error")) if isinstance(t, str)]
+    m = next((x for x in map(libstdcxx_match, texts) if x), None)
+    if m is None:
+        return None
+    lib, tag, ver, by = m.group("lib"), m.group("tag"), m.group("ver"), m.group("by")
+    gcc = _gcc_for(ver) if tag == "GLIBCXX" else None
+    conda_prefix = f.env("CONDA_PREFIX")
+    exe = str(f.get("python.executable") or "")
+    in_conda = bool(conda_prefix) or any(s in exe or s in (by or "") for s in _CONDA_MARKS)
+    lib_is_conda = any(s in lib for s in _CONDA_MARKS) or bool(conda_prefix and lib.startswith(conda_prefix))
+    by_torch = bool(by) and "/torch/lib/" in by
+    needs = f"{tag}_{ver}" + (f" (GCC {gcc} or newer)" if gcc else "")
+    newer = str(gcc).split(".")[0] if gcc else None
+    compiler_lib = f.get("host_compiler.shared_libstdcxx")
+    fix: list[str] = []
+    if lib_is_conda:
+        where = "the conda environment's libstdc++, older than the compiler the library was built with"
+        fix.append(f"conda install -c conda-forge 'libstdcxx-ng>={newer}'   (the environment's libstdc++ from GCC "
+                   f"{newer} or newer)" if newer else "conda install -c conda-forge libstdcxx-ng   (a newer libstdc++ "
+                   "in the environment)")
+        if isinstance(compiler_lib, str) and compiler_lib.startswith("/"):
+            fix.append(f"or export LD_PRELOAD={compiler_lib}   (the libstdc++ of the compiler that built it)")
+    elif in_conda:
+        where = "the system's libstdc++, found before the conda environment's own"
+        prefix = conda_prefix or "$CONDA_PREFIX"
+        fix.append(f"ls -l {prefix}/lib/libstdc++.so.6*   (the environment needs the libstdc++.so.6 link; "
+                   f"recreate it with ln -s libstdc++.so.6.0.<N> libstdc++.so.6, or conda install -c conda-forge "
+                   "libstdcxx-ng)")
+        fix.append(f"export LD_LIBRARY_PATH={prefix}/lib:$LD_LIBRARY_PATH")
+    elif by_torch:
+        where = "the system's libstdc++, older than the one this torch release was built against"
+        fix.append("run this torch where a newer libstdc++ is found first: a conda environment (conda install -c "
+                   f"conda-forge {'libstdcxx-ng>=' + newer if newer else 'libstdcxx-ng'}) or a container of a newer "
+                   "distribution; or install an older torch release built for this distribution")
+    else:
+        where = "the system's libstdc++, older than the compiler the library was built with"
+        fix.append("build it on (or in a container of) the oldest distribution it must run on, e.g. "
+                   "cudadoctor build --backend docker with the target's image, so it needs no newer libstdc++"
+                   + (f"; or install a GCC {newer} runtime here" if newer else ""))
+    what = ("torch itself" if by_torch else f"{by}" if by else "a library")
+    detail = (f"{what} needs {needs}, which {lib} does not define: {where}. The dynamic loader takes the first "
+              "libstdc++.so.6 it finds and never a second one, so every C++ library in the process must be "
+              "satisfied by that one.")
+    if by_torch:
+        detail += " torch's own libraries need it, so `import torch` fails before any extension loads."
+    return Finding(id="LIBSTDCXX_TOO_OLD", severity="error", area="compiler",
+                   title=f"the loaded libstdc++ lacks {tag}_{ver}" + (f" (needs GCC {gcc}'s or newer)" if gcc else ""),
+                   detail=detail, fix=fix,
+                   facts=["error_text", "torch.import_error", "env.CONDA_PREFIX", "host_compiler.shared_libstdcxx"])

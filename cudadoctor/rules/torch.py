@@ -142,6 +142,10 @@ def torch_import_failed(f: Facts):
     if ldp and any(s in low for s in _SHARED_LIB_ERRORS):
         # a library torch needs resolved elsewhere: LD_LIBRARY_PATH_SHADOW names the entry to drop
         return None
+    from cudadoctor.rules.messages import libstdcxx_match
+
+    if libstdcxx_match(err):
+        return None  # an old libstdc++.so.6 loaded first: LIBSTDCXX_TOO_OLD says which and what to do
     python = f.get("python.executable") or "python3"
     version = _torch_version(f)
     fix: list[str] = []
