@@ -45,6 +45,8 @@ ERROR_SIGNATURES: tuple[tuple[str, tuple[str, ...]], ...] = (
     (r"segmentation fault|sigsegv", ("EXT_STATIC_CXX_RUNTIME", "TORCH_IMPORT_FAILED")),
     (r"lib(c10|torch)\w*\.so[\d.]*: cannot open shared object file", ("EXT_LOADED_BEFORE_TORCH", "TORCH_IMPORT_FAILED")),
     (r"version .(glibcxx|cxxabi)_[\d.]+. not found", ("LIBSTDCXX_TOO_OLD", "TORCH_IMPORT_FAILED")),
+    (r"c\+\+\d\d or later compatible compiler is required|you need c\+\+\d\d to compile pytorch",
+     ("CXX_STANDARD_TOO_OLD", "HOST_COMPILER_UNSUPPORTED")),
     (r"died due to signal 9|killed signal terminated program", ("BUILD_OUT_OF_MEMORY",)),
     (r"python\.h: no such (file or directory|file or folder|directory or file)|cannot open include file: 'python\.h'",
      ("PYTHON_HEADERS_MISSING",)),

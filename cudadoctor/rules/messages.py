@@ -196,3 +196,40 @@ def libstdcxx_too_old(f: Facts):
                    title=f"the loaded libstdc++ lacks {tag}_{ver}" + (f" (needs GCC {gcc}'s or newer)" if gcc else ""),
                    detail=detail, fix=fix,
                    facts=["error_text", "torch.import_error", "env.CONDA_PREFIX", "host_compiler.shared_libstdcxx"])
+
+
+_CXX_STD = re.compile(r"c\+\+(?P<std>\d\d) or later compatible compiler is required to use (?P<what>pytorch|aten)"
+                      r"|you need c\+\+(?P<std2>\d\d) to compile pytorch", re.IGNORECASE)
+_GCC_FOR_STD = {17: 9, 20: 10}  # torch's own floor for C++17 (gcc 9); -std=c++20 spelled so from gcc 10
+
+
+@rule("CXX_STANDARD_TOO_OLD", severity="error", area="compiler", priority=40,
+      summary="torch's headers stop with '#error C++NN or later ... is required': the build asks for an older C++ standard")
+def cxx_standard_too_old(f: Facts):
+    m = _CXX_STD.search(_text(f))
+    if m is None:
+        return None
+    std = int(m.group("std") or m.group("std2"))
+    version = f.get("torch.version") if isinstance(f.get("torch.version"), str) else None
+    hc = f.section("host_compiler")
+    name = str(hc.get("name") or "").lower()
+    v = parse(hc.get("version"))
+    fix = [f"setup.py: remove any '-std=c++NN' from extra_compile_args (both 'cxx' and 'nvcc'): BuildExtension "
+           f"then passes the standard this torch needs; or set '-std=c++{std}' in both",
+           f"CMake: set(CMAKE_CXX_STANDARD {std}) and set(CMAKE_CUDA_STANDARD {std})"]
+    floor = _GCC_FOR_STD.get(std)
+    if v is not None and floor is not None and "clang" not in name and v.release[0] < floor:
+        fix.append(f"and a g++ that compiles C++{std}: g++ {hc.get('version')} is too old; g++ {floor} or newer "
+                   f"(e.g. sudo apt-get install -y g++-{max(floor, 11)} && export CXX=g++-{max(floor, 11)} "
+                   f"CUDAHOSTCXX=g++-{max(floor, 11)})")
+    if std >= 20:
+        fix.append("nvcc needs CUDA 12.0 or newer for -std=c++20 (every CUDA build of a torch that requires C++20 is)")
+    return Finding(
+        id="CXX_STANDARD_TOO_OLD", severity="error", area="compiler",
+        title=f"the build compiles torch's headers as older than C++{std}, which {'torch ' + version if version else 'this torch'} requires",
+        detail=(f"the error says {m.group(0)!r}: torch's headers check __cplusplus and stop. torch 2.1 made C++17 "
+                "the minimum and recent releases C++20 (torch 2.14's torch/all.h and ATen/ATen.h check for it); "
+                "a setup.py or CMakeLists.txt that pins "
+                "an older -std / CMAKE_CXX_STANDARD overrides the standard torch's BuildExtension would pass."),
+        fix=fix, facts=["error_text", "torch.version", "host_compiler.version"],
+    )

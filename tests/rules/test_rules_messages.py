@@ -92,3 +92,32 @@ def test_libstdcxx_system_copy_too_old_for_an_extension_built_elsewhere():
     fd = finding(facts(error_text=text), "LIBSTDCXX_TOO_OLD")
     assert "oldest distribution it must run on" in fd["fix"][0] and "GCC 11" in fd["fix"][0]
     assert "LIBSTDCXX_TOO_OLD" not in ids(facts(error_text="undefined symbol: _ZN3c1010Error"))
+
+
+CXX20 = "ATen/ATen.h:5:2: error: #error C++20 or later compatible compiler is required to use ATen."
+
+
+def test_cxx_standard_too_old_names_the_standard_and_where_it_is_pinned():
+    fd = finding(facts(error_text=CXX20, torch={"version": "2.14.1+cu130", "cuda": "13.0"}), "CXX_STANDARD_TOO_OLD")
+    assert "C++20" in fd["title"] and "torch 2.14.1+cu130" in fd["title"]
+    assert "'-std=c++20' in both" in fd["fix"][0] and fd["fix"][1] == (
+        "CMake: set(CMAKE_CXX_STANDARD 20) and set(CMAKE_CUDA_STANDARD 20)")
+    assert any("CUDA 12.0 or newer" in x for x in fd["fix"])
+    assert not any("too old" in x for x in fd["fix"])  # g++ 11.4 of the healthy facts knows C++20
+
+
+def test_cxx_standard_too_old_with_a_compiler_that_cannot_do_it():
+    fd = finding(facts(error_text="#error You need C++17 to compile PyTorch",
+                       host_compiler={"name": "gcc", "version": "7.5.0"}), "CXX_STANDARD_TOO_OLD")
+    assert any("g++ 7.5.0 is too old; g++ 9 or newer" in x for x in fd["fix"])
+    fd = finding(facts(error_text=CXX20, host_compiler={"name": "gcc", "version": "9.4.0"}), "CXX_STANDARD_TOO_OLD")
+    assert any("g++ 9.4.0 is too old; g++ 10 or newer" in x for x in fd["fix"])
+    assert "CXX_STANDARD_TOO_OLD" not in ids(facts(error_text="error: 'optional' in namespace 'std' does not name a type"))
+
+
+def test_a_message_rule_comes_first_when_the_message_names_it():
+    from cudadoctor.doctor import diagnose
+
+    rep = diagnose(facts(torch={"version": "2.14.1+cu130", "cuda": "13.0"}), error_text=CXX20)
+    errors = [f["id"] for f in rep["findings"] if f["severity"] == "error"]
+    assert errors[0] == "CXX_STANDARD_TOO_OLD", errors
