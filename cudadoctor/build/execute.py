@@ -223,7 +223,41 @@ def refuse_unloadable(wheel: Path, check: dict | None) -> None:
     raise RefusedError(f"the built wheel {Path(wheel).name} does not load in its build environment: {text}.", hint=hint)
 
 
-def run_plan(plan: P.BuildPlan, req: BuildRequest, console: Console, *, local_env: dict | None = None) -> BuildResult:
+def _log_tail(log: Path, lines: int = 400) -> str:
+    try:
+        return "\n".join(log.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def explain_failure(log_text: str, *, facts: dict | None = None, jobs: int | None = None) -> str | None:
+    """The doctor's reading of a failed build's log: the first finding its messages implicate (the
+    compiler killed for memory, an old C++ standard, missing Python or CUDA headers, ...), as a hint
+    that starts with what to do; None when the log names nothing the doctor knows."""
+    from cudadoctor.doctor import diagnose, implicated_ids
+
+    ids = implicated_ids(log_text)
+    if not ids:
+        return None
+    try:
+        findings = {f["id"]: f for f in diagnose(facts or {}, error_text=log_text)["findings"]}
+    except Exception:  # noqa: BLE001 - the explanation is a bonus; the failure itself is reported either way
+        return None
+    for fid in ids:
+        f = findings.get(fid)
+        if f is None:
+            continue
+        if fid == "BUILD_OUT_OF_MEMORY" and jobs:
+            return (f"{f['title'].split(':')[0]} ({fid}): this build ran {jobs} job(s) at once; run it again with "
+                    f"--jobs {max(1, jobs // 2)}.")
+        fixes = "; ".join((f.get("fix") or [])[:2])
+        return f"{f['title']} ({fid}). Fix: {fixes}." if fixes else f"{f['title']} ({fid})."
+    return None
+
+
+def run_plan(plan: P.BuildPlan, req: BuildRequest, console: Console, *, local_env: dict | None = None,
+             facts: dict | None = None) -> BuildResult:
+    """Build one plan; ``facts``: the host's (local backend), which a failure's explanation reads."""
     from cudadoctor.build.docker_backend import BuildFailed
     from cudadoctor.build.verify import verify
 
@@ -251,11 +285,12 @@ def run_plan(plan: P.BuildPlan, req: BuildRequest, console: Console, *, local_en
                                               env=local_env or dict(os.environ))
             except BuildFailed as exc:
                 excerpt = error_excerpt(log)
+                known = explain_failure(_log_tail(log), facts=facts, jobs=plan.jobs)
                 raise RefusedError(
                     f"the build of {plan.target.name} failed (exit status {exc.status}). The compiler said:\n"
                     f"{excerpt}\nThe full log is kept at {log}.",
-                    hint="Fix: correct the error above in the source; when it names a missing header or "
-                    "library, `cudadoctor check` shows what the environment lacks.",
+                    hint=known or ("Fix: correct the error above in the source; when it names a missing header or "
+                                   "library, `cudadoctor check` shows what the environment lacks."),
                 ) from None
             prog.set_stage("inspecting every shared object")
             info = json.loads((staging / "build-info.json").read_text())
@@ -317,5 +352,5 @@ def build(req: BuildRequest, console: Console) -> list[BuildResult]:
             env, notes = L.local_env(plan, facts or {}, report or {}, dict(os.environ))
             for n in notes:
                 console.print(f"  • {n}", highlight=False, soft_wrap=True)  # a path stays one line to copy
-        results.append(run_plan(plan, req, console, local_env=env))
+        results.append(run_plan(plan, req, console, local_env=env, facts=facts))
     return results

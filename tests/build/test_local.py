@@ -169,3 +169,45 @@ def test_host_check_waits_for_a_slow_first_torch_import(monkeypatch):
     monkeypatch.setattr(probes, "collect_facts", lambda *a, **k: seen.update(k) or {})
     assert L.host_facts() == {}
     assert seen["torch_timeout"] == L.HOST_TORCH_TIMEOUT >= 180
+
+
+OOM_LOG = ["[1/3] /usr/local/cuda/bin/nvcc -c kernels.cu -o kernels.cuda.o",
+           "nvcc error   : 'cicc' died due to signal 9 (Kill signal)",
+           "ninja: build stopped: subcommand failed."]
+
+
+def test_explain_failure_reads_the_log_like_check_error():
+    from cudadoctor.build.execute import explain_failure
+
+    hint = explain_failure("\n".join(OOM_LOG), facts={"host": {"cpus": 8, "mem_available_gib": 6.0}}, jobs=6)
+    assert hint.startswith("the build's cicc was killed for memory") and "--jobs 3" in hint and "ran 6 job(s)" in hint
+    hint = explain_failure("all.h:5:2: error: #error C++20 or later compatible compiler is required to use PyTorch.")
+    assert "(CXX_STANDARD_TOO_OLD). Fix: setup.py: remove any '-std=c++NN'" in hint
+    hint = explain_failure("torch/csrc/python_headers.h:12:10: fatal error: Python.h: No such file or directory",
+                           facts={"python": {"version": "3.11.2", "executable": "/usr/bin/python3"}})
+    assert "(PYTHON_HEADERS_MISSING). Fix: sudo apt-get install -y python3.11-dev" in hint
+    assert explain_failure("kernels.cu(12): error: identifier \"foo\" is undefined") is None
+
+
+def test_failed_local_build_hint_is_the_doctors_reading_of_its_log(tmp_path, monkeypatch):
+    from rich.console import Console
+
+    from cudadoctor.build import execute as X
+    from cudadoctor.build.docker_backend import BuildFailed
+
+    def failing_build(plan, *, work_dir, staging, progress, env, python=None):
+        for line in OOM_LOG:
+            progress.write(line)
+        raise BuildFailed(1)
+
+    monkeypatch.setattr(L, "build", failing_build)
+    facts = {"torch": {"version": "2.14.1+cu130", "cuda": "13.0"}, "host_compiler": {"name": "gcc", "version": "12.2.0"},
+             "toolkits": [{"root": "/usr/local/cuda", "nvcc": "13.0.88"}]}
+    req = BuildRequest(source=str(FIX / "ext_min"), specs=[P.TargetSpec(arch="8.6")], backend="local",
+                       out=str(tmp_path / "out"), work_root=str(tmp_path / "work"), jobs=4)
+    plan = make_plans(req, facts=facts, report=report())[0]
+    with pytest.raises(RefusedError) as e:
+        X.run_plan(plan, req, Console(file=open(os.devnull, "w")), local_env=dict(os.environ), facts=facts)
+    assert "'cicc' died due to signal 9" in str(e.value)
+    assert e.value.hint.startswith("the build's cicc was killed for memory (BUILD_OUT_OF_MEMORY)")
+    assert "run it again with --jobs 2" in e.value.hint
