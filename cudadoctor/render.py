@@ -123,6 +123,10 @@ def _summary(area: str, facts: dict, report: dict, verbose: bool) -> tuple[str, 
             if hc.get("links_static_libstdcxx") is not None:  # which C++ runtime it links into extensions
                 extra.append(f"libstdc++: static only ({hc.get('static_libstdcxx')})" if hc.get("links_static_libstdcxx")
                              else f"libstdc++: {hc.get('shared_libstdcxx')}")
+            has_h = _g(facts, "python", "has_python_h")
+            if has_h is not None:  # what torch's extension builds include (Python.h)
+                extra.append(f"Python headers: {_g(facts, 'python', 'include_dir')}"
+                             + ("" if has_h else " (no Python.h)"))
         return line or "not probed", extra
     if area == "arch":
         cur = _g(facts, "env", "TORCH_CUDA_ARCH_LIST")

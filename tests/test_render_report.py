@@ -63,3 +63,13 @@ def test_human_empty_snapshot_says_nothing_was_judged():
     out = human(diagnose({}))
     assert "nothing could be judged" in out
     assert "No issues found" not in out
+
+
+def test_verbose_compiler_row_shows_where_python_h_was_looked_for():
+    ok = facts(python={"include_dir": "/usr/include/python3.11", "has_python_h": True})
+    out = render.human(diagnose(ok), verbose=True, ascii_only=True)
+    assert "Python headers: /usr/include/python3.11\n" in out
+    bad = facts(python={"include_dir": "/usr/include/python3.11", "has_python_h": False})
+    out = render.human(diagnose(bad), verbose=True, ascii_only=True)
+    assert "Python headers: /usr/include/python3.11 (no Python.h)" in out and "PYTHON_HEADERS_MISSING" in out
+    assert "Python headers" not in render.human(diagnose(facts()), verbose=True, ascii_only=True)
