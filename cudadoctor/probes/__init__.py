@@ -27,7 +27,9 @@ Fields beyond docs/facts-v1.md (all optional for readers):
               [{index, name, cc, kernel_ok, launch_error}], warnings, import_error_type,
               import_traceback, site_dirs, hip, git_version
   python      include_dir (sysconfig's include folder, a venv's base installation's), has_python_h
-              (Python.h is in it: torch's extension builds include it)
+              (Python.h is in it: torch's extension builds include it), libstdcxx (the libstdc++.so.6
+              the interpreter mapped once torch._C loaded) and libstdcxx_glibcxx (its newest
+              GLIBCXX_3.4.N); host_compiler.shared_libstdcxx_glibcxx: the same for the compiler's
   tools       paths
   probe       seconds, root, errors (a probe that raised)
 
@@ -239,6 +241,10 @@ def _python_section(py: dict | None, python: str) -> dict:
                "implementation": py.get("implementation")}
         if "has_python_h" in py:
             out["include_dir"], out["has_python_h"] = py.get("include_dir"), py.get("has_python_h")
+        if py.get("libstdcxx"):
+            from .compiler import glibcxx_max
+
+            out["libstdcxx"], out["libstdcxx_glibcxx"] = py["libstdcxx"], glibcxx_max(py["libstdcxx"])
         return out
     if os.path.realpath(python) == os.path.realpath(sys.executable):
         from .torch_child import python_headers

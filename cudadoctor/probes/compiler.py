@@ -127,6 +127,23 @@ def _print_file_name(runner: Runner, exe: str, lib: str, timeout: float) -> tupl
     return text, None
 
 
+_GLIBCXX = re.compile(rb"GLIBCXX_3\.4\.(\d+)")
+
+
+def glibcxx_max(path: str | None, max_bytes: int = 16 << 20) -> str | None:
+    """The newest GLIBCXX_3.4.N symbol version a libstdc++.so.6 defines ("3.4.32"), read from its
+    version strings; None for no file, a linker script or a file without them."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(max_bytes)
+    except OSError:
+        return None
+    found = [int(m.group(1)) for m in _GLIBCXX.finditer(data)]
+    return f"3.4.{max(found)}" if found else None
+
+
 def runtime_facts(runner: Runner, root: Root, path: str, *, timeout: float = RUNTIME_TIMEOUT,
                   map_fn: Callable | None = None) -> dict:
     """shared_libstdcxx, static_libstdcxx, links_static_libstdcxx and wrapper_of of one compiler.
@@ -143,7 +160,8 @@ def runtime_facts(runner: Runner, root: Root, path: str, *, timeout: float = RUN
     else:
         (shared, err_s), (static, err_a) = list(map_fn(ask, libs))
     out: dict = {"shared_libstdcxx": shared, "static_libstdcxx": static,
-                 "links_static_libstdcxx": None, "wrapper_of": wrapper_of(root, path)}
+                 "links_static_libstdcxx": None, "wrapper_of": wrapper_of(root, path),
+                 "shared_libstdcxx_glibcxx": glibcxx_max(root.host(shared)) if shared else None}
     if shared is not None:
         out["links_static_libstdcxx"] = False
     elif static is not None and err_s is None:

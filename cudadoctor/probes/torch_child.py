@@ -76,6 +76,19 @@ def loaded_libraries():
     return found
 
 
+def mapped_libstdcxx():
+    """The libstdc++.so.6 this process has mapped (torch._C loads it), or None."""
+    try:
+        with open("/proc/self/maps") as fh:
+            for line in fh:
+                parts = line.split(None, 5)
+                if len(parts) == 6 and os.path.basename(parts[5].strip()).startswith("libstdc++.so"):
+                    return parts[5].strip()
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def site_dirs():
     dirs = []
     try:
@@ -311,6 +324,7 @@ def main():
         if blocked and sys.modules.get("numpy", 0) is None:
             del sys.modules["numpy"]
         t["library_paths"] = loaded_libraries()
+        result["python"]["libstdcxx"] = mapped_libstdcxx()
         emit()
     need_full = full_first or pkg is None or bool(t.get("device_count"))
     if need_full:
@@ -329,6 +343,7 @@ def main():
             if _caught:
                 t["warnings"] = [str(w.message) for w in _caught][:20]
         t["library_paths"] = loaded_libraries()
+        result["python"]["libstdcxx"] = mapped_libstdcxx()
     stage("done")
 
 

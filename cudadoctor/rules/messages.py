@@ -150,7 +150,7 @@ def libstdcxx_too_old(f: Facts):
     texts = [t for t in (f.get("error_text"), f.get("torch.import_error")) if isinstance(t, str)]
     m = next((x for x in map(libstdcxx_match, texts) if x), None)
     if m is None:
-        return None
+        return _libstdcxx_older_than_compilers(f)
     lib, tag, ver, by = m.group("lib"), m.group("tag"), m.group("ver"), m.group("by")
     gcc = _gcc_for(ver) if tag == "GLIBCXX" else None
     conda_prefix = f.env("CONDA_PREFIX")
@@ -232,4 +232,39 @@ def cxx_standard_too_old(f: Facts):
                 "a setup.py or CMakeLists.txt that pins "
                 "an older -std / CMAKE_CXX_STANDARD overrides the standard torch's BuildExtension would pass."),
         fix=fix, facts=["error_text", "torch.version", "host_compiler.version"],
+    )
+
+
+def _libstdcxx_older_than_compilers(f: Facts):
+    """Before any message: the libstdc++.so.6 Python maps (with torch loaded) defines older GLIBCXX
+    labels than the one the host compiler links extensions against, so an extension built here that
+    uses a newer libstdc++ symbol will not import."""
+    loaded, lv = f.get("python.libstdcxx"), parse(f.get("python.libstdcxx_glibcxx"))
+    comp, cv = f.get("host_compiler.shared_libstdcxx"), parse(f.get("host_compiler.shared_libstdcxx_glibcxx"))
+    if lv is None or cv is None or cv <= lv or not isinstance(loaded, str):
+        return None
+    label = f"3.4.{cv.release[-1]}"
+    gcc = _gcc_for(label)
+    major = str(gcc).split(".")[0] if gcc else None
+    name = " ".join(str(x) for x in (f.get("host_compiler.name"), f.get("host_compiler.version")) if x) or "the compiler"
+    conda = any(s in loaded for s in _CONDA_MARKS)
+    fix = []
+    if conda:
+        fix.append(f"conda install -c conda-forge 'libstdcxx-ng>={major}'   (the environment's libstdc++ as new as "
+                   f"the compiler's)" if major else "conda install -c conda-forge libstdcxx-ng")
+    if isinstance(comp, str) and comp.startswith("/"):
+        fix.append(f"{'or ' if fix else ''}export LD_PRELOAD={comp}   (load the compiler's libstdc++ first)")
+    fix.append("or build with the compiler that matches the runtime (conda install -c conda-forge gxx, "
+               "or CXX / CUDAHOSTCXX set to an older g++)")
+    return Finding(
+        id="LIBSTDCXX_TOO_OLD", severity="warning", area="compiler",
+        title=f"extensions built here can need GLIBCXX_{label}, newer than the libstdc++ Python loads",
+        detail=(f"{name} links extensions against a libstdc++ that defines up to GLIBCXX_{label}"
+                + (f" (GCC {gcc})" if gcc else "") + f"; the interpreter, with torch loaded, maps {loaded}, "
+                f"which stops at GLIBCXX_{f.get('python.libstdcxx_glibcxx')}. An extension that uses a newer "
+                f"libstdc++ symbol fails to import with \"version `GLIBCXX_...' not found\"."
+                + (" The loaded copy is a conda environment's." if conda else "")),
+        fix=fix,
+        facts=["python.libstdcxx", "python.libstdcxx_glibcxx", "host_compiler.shared_libstdcxx",
+               "host_compiler.shared_libstdcxx_glibcxx"],
     )

@@ -164,3 +164,24 @@ def test_collect_facts_carries_the_python_h_fact():
 
     py = collect_facts()["python"]
     assert py["has_python_h"] is True and py["include_dir"].endswith(f"python{sys.version_info[0]}.{sys.version_info[1]}")
+
+
+def test_glibcxx_max_reads_the_newest_label(tmp_path):
+    from cudadoctor.probes.compiler import glibcxx_max
+
+    lib = tmp_path / "libstdc++.so.6"
+    lib.write_bytes(b"\x7fELF\0GLIBCXX_3.4\0GLIBCXX_3.4.9\0GLIBCXX_3.4.30\0GLIBCXX_3.4.29\0CXXABI_1.3.13\0")
+    assert glibcxx_max(str(lib)) == "3.4.30"
+    script = tmp_path / "libstdc++.so"
+    script.write_text("/* GNU ld script */\nINPUT(-lstdc++_real)\n")
+    assert glibcxx_max(str(script)) is None and glibcxx_max(str(tmp_path / "nope")) is None
+    assert glibcxx_max(None) is None
+
+
+def test_probe_reports_the_libstdcxx_python_maps_with_torch_loaded():
+    pytest.importorskip("torch")
+    from cudadoctor.probes import collect_facts
+
+    py = collect_facts(torch_timeout=120)["python"]
+    assert os.path.basename(py["libstdcxx"]).startswith("libstdc++.so") and os.path.isfile(py["libstdcxx"])
+    assert py["libstdcxx_glibcxx"].startswith("3.4.")

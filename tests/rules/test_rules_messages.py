@@ -121,3 +121,21 @@ def test_a_message_rule_comes_first_when_the_message_names_it():
     rep = diagnose(facts(torch={"version": "2.14.1+cu130", "cuda": "13.0"}), error_text=CXX20)
     errors = [f["id"] for f in rep["findings"] if f["severity"] == "error"]
     assert errors[0] == "CXX_STANDARD_TOO_OLD", errors
+
+
+def test_libstdcxx_older_than_the_compilers_is_a_warning_before_any_message():
+    f = facts(python={"libstdcxx": "/opt/conda/envs/a/lib/libstdc++.so.6.0.29", "libstdcxx_glibcxx": "3.4.29"},
+              host_compiler={"name": "gcc", "version": "13.2.0",
+                             "shared_libstdcxx": "/usr/lib/gcc/x86_64-linux-gnu/13/libstdc++.so",
+                             "shared_libstdcxx_glibcxx": "3.4.32"})
+    fd = finding(f, "LIBSTDCXX_TOO_OLD")
+    assert fd["severity"] == "warning" and "GLIBCXX_3.4.32" in fd["title"]
+    assert "stops at GLIBCXX_3.4.29" in fd["detail"] and "conda environment's" in fd["detail"]
+    assert fd["fix"][0].startswith("conda install -c conda-forge 'libstdcxx-ng>=13'")
+    assert fd["fix"][1].startswith("or export LD_PRELOAD=/usr/lib/gcc/x86_64-linux-gnu/13/libstdc++.so")
+    same = facts(python={"libstdcxx": "/usr/lib/x86_64-linux-gnu/libstdc++.so.6.0.30", "libstdcxx_glibcxx": "3.4.30"},
+                 host_compiler={"shared_libstdcxx_glibcxx": "3.4.30"})
+    assert "LIBSTDCXX_TOO_OLD" not in ids(same)
+    newer = facts(python={"libstdcxx": "/c/lib/libstdc++.so.6", "libstdcxx_glibcxx": "3.4.33"},
+                  host_compiler={"shared_libstdcxx_glibcxx": "3.4.30"})
+    assert "LIBSTDCXX_TOO_OLD" not in ids(newer)  # the process's copy is the newer one: fine
