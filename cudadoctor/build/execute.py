@@ -59,16 +59,13 @@ def check_source(source: str) -> str:
 
 
 def host_resources() -> tuple[int, float | None]:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    mem = None
+    from cudadoctor.probes.host import mem_available_gib, usable_cpus
+
     try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    mem = int(line.split()[1]) / (1024 * 1024)
+        meminfo = Path("/proc/meminfo").read_text()
     except OSError:
-        pass
-    return cores, mem
+        meminfo = None
+    return usable_cpus(), mem_available_gib(meminfo)
 
 
 def make_plans(req: BuildRequest, *, facts: dict | None = None, report: dict | None = None) -> list[P.BuildPlan]:

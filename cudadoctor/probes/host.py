@@ -44,28 +44,32 @@ def probe_host(runner: Runner, root: Root, env: Mapping[str, str]) -> dict:
         "container": container,
         "container_hints": container_hints,
         "dev_dxg": root.exists("/dev/dxg"),
-        "cpus": _cpus() if root.is_host else None,
-        "mem_available_gib": _mem_available_gib(root.read_text("/proc/meminfo")) if root.is_host else None,
+        "cpus": usable_cpus() if root.is_host else None,
+        "mem_available_gib": _round(mem_available_gib(root.read_text("/proc/meminfo"))) if root.is_host else None,
     }
 
 
-def _cpus() -> int | None:
+def usable_cpus() -> int:
     """CPUs this process may run on (its affinity), which is what parallel builds get."""
     try:
-        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     except OSError:
-        return os.cpu_count()
+        return os.cpu_count() or 1
 
 
-def _mem_available_gib(meminfo: str | None) -> float | None:
-    """MemAvailable of /proc/meminfo in GiB (what a build can use without swapping), 0.1 GiB steps."""
+def mem_available_gib(meminfo: str | None) -> float | None:
+    """MemAvailable of /proc/meminfo text in GiB: what a build can use without swapping."""
     for line in (meminfo or "").splitlines():
         if line.startswith("MemAvailable:"):
             try:
-                return round(int(line.split()[1]) / (1024 * 1024), 1)
+                return int(line.split()[1]) / (1024 * 1024)
             except (IndexError, ValueError):
                 return None
     return None
+
+
+def _round(gib: float | None) -> float | None:
+    return round(gib, 1) if gib is not None else None
 
 
 def _normalise_arch(machine: str) -> str | None:

@@ -226,10 +226,10 @@ def test_orchestration_failure_still_gives_a_snapshot(monkeypatch):
 
 def test_host_reports_cpus_and_available_memory():
     from cudadoctor.probes import collect_facts
-    from cudadoctor.probes.host import _mem_available_gib
+    from cudadoctor.probes.host import mem_available_gib
 
     host = collect_facts()["host"]
     assert host["cpus"] == len(os.sched_getaffinity(0))
     assert isinstance(host["mem_available_gib"], float) and host["mem_available_gib"] > 0
-    assert _mem_available_gib("MemTotal: 100 kB\nMemAvailable:   25165824 kB\n") == 24.0
-    assert _mem_available_gib("garbage") is None and _mem_available_gib(None) is None
+    assert mem_available_gib("MemTotal: 100 kB\nMemAvailable:   25165824 kB\n") == 24.0
+    assert mem_available_gib("garbage") is None and mem_available_gib(None) is None
