@@ -61,8 +61,9 @@
          thread, one image per unit: the kernel before both), then default again (also settable:
          _IMGS=2.., _DB=1, _KB, _UPB)
     dwv3q the same layers, default against _IMGS=1 only
-    dwv5 the 5x5 layers of dwv3: default (one kernel row per thread, 48 KB) against _AK=2 (all 25
-         taps per thread also for 5x5; 96 KB), _AK=2 with _KB=48, and _KB=96 alone
+    dwv5 the 5x5 layers of dwv3: default (all 25 taps per thread where that grid fits one wave,
+         else one kernel row per thread) against _AK=1 (one kernel row per thread for 5x5, 48 KB),
+         _AK=2 (all taps per thread for every 5x5 launch, 96 KB), then default again
 
 Each line: the case, then ms per setting and torch's ms, and the ratio torch / ours per setting.
 Timing as the bench (cudadoctor_ops.bench.Timer: triton do_bench medians, L2 flush before each
@@ -141,7 +142,7 @@ _IM1 = {"CUDADOCTOR_OPS_DW_WGRAD_V3_IMGS": "1"}
 DWV3_SETTINGS = [{}, _IM1, {**_AK0, **_IM1}, {}]
 DWV3Q_SETTINGS = [{}, _IM1]
 _AK2 = {"CUDADOCTOR_OPS_DW_WGRAD_V3_AK": "2"}
-DWV5_SETTINGS = [{}, _AK2, {**_AK2, "CUDADOCTOR_OPS_DW_WGRAD_V3_KB": "48"}, {"CUDADOCTOR_OPS_DW_WGRAD_V3_KB": "96"}]
+DWV5_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_WGRAD_V3_AK": "1"}, _AK2, {}]
 DWW_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "0"}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "1"}, {"CUDADOCTOR_OPS_DW_WGRAD_PF": "1"},
                 {"CUDADOCTOR_OPS_DW_WGRAD_PF": "2"}]
 

@@ -1174,8 +1174,10 @@ int mode() {
   return v;
 }
 
-// Switches (read once). CUDADOCTOR_OPS_DW_WGRAD_V3_AK=0: one kernel row per thread also for 3x3
-// (default: all rows, AK, for 3x3 only); =2: AK for 5x5 too (128 registers in the sm_90 build). CUDADOCTOR_OPS_DW_WGRAD_V3_DB=1: two band buffers (DB; default one).
+// Switches (read once). CUDADOCTOR_OPS_DW_WGRAD_V3_AK=0: one kernel row per thread (no AK);
+// =1: all kernel rows per thread (AK) for 3x3 only; =2: AK for 3x3 and every 5x5 launch; unset:
+// AK for 3x3, and for 5x5 where its grid fits one wave of resident blocks (see plan_for).
+// CUDADOCTOR_OPS_DW_WGRAD_V3_DB=1: two band buffers (DB; default one).
 // CUDADOCTOR_OPS_DW_WGRAD_V3_KB=48|64|96|128|192: shared memory for the band buffers (default 96
 // with AK, else 48; above 48 the kernel opts in). CUDADOCTOR_OPS_DW_WGRAD_V3_UPB=1..64: at most
 // that many units per block (default: as few blocks as one wave of resident blocks needs).
@@ -1184,7 +1186,7 @@ int db_setting() {
   return v;
 }
 int ak_setting() {
-  static const int v = env_choice("CUDADOCTOR_OPS_DW_WGRAD_V3_AK", {0, 1, 2}, 1);
+  static const int v = env_choice("CUDADOCTOR_OPS_DW_WGRAD_V3_AK", {0, 1, 2}, -1);
   return v;
 }
 // 0 when unset (the default by kernel)
@@ -1327,17 +1329,11 @@ bool with_images(const FastShape& s, Plan& p, size_t budget, int64_t& wave) {
   return wave >= 1;
 }
 
-// Applicability (16-bit, stride 1, K 3/5/7, C % 8 == 0, at least one band row within the budget,
-// switch on) and the grid: at most one wave of resident blocks, as few blocks as give the same
-// units (bands) per block.
-bool plan_for(DType dt, const FastShape& s, Plan& p) {
-  const int m = mode();
-  if (m == 0 || dt == DType::F32 || s.S != 1 || s.C % 8 != 0) return false;
-  if (m == 2 && static_cast<int64_t>(s.Ho) * s.Wo > kAutoPlane) return false;
-  if (!(s.K == 3 || s.K == 5 || s.K == 7)) return false;
-  if (s.N <= 0 || s.H <= 0 || s.W <= 0 || s.Ho <= 0 || s.Wo <= 0) return false;
-  if (s.Ho != s.H + 2 * s.PH - s.K + 1 || s.Wo != s.W + 2 * s.PW - s.K + 1) return false;
-  p.ak = (s.K == 3 && ak_setting() != 0) || (s.K == 5 && ak_setting() == 2);
+// The plan of one kernel variant (ak: all kernel rows per thread): at least one band row within
+// the budget, and the grid: at most one wave of resident blocks, as few blocks as give the same
+// units (bands) per block. `wave`: the resident blocks of one wave for the plan's shared memory.
+bool plan_with(DType dt, const FastShape& s, bool ak, Plan& p, int64_t& wave) {
+  p.ak = ak;
   p.SY = p.ak ? s.K * slices(s.K) : slices(s.K);
   p.db = db_setting() == 1;
   const size_t budget = smem_setting() > 0 ? smem_setting() : (p.ak ? 96 : 48) * size_t(1024);
@@ -1354,8 +1350,8 @@ bool plan_for(DType dt, const FastShape& s, Plan& p) {
   if (p.gy > 65535) return false;
   p.kernel = kernel_for(dt, s.K, p.db, p.ak);
   if (p.kernel == nullptr || !allow_smem(p.kernel, p.geo.smem)) return false;
-  int64_t wave = static_cast<int64_t>(current_sm_count()) *
-                 resident_blocks_per_sm(p.kernel, block_threads(s.K), p.geo.smem);
+  wave = static_cast<int64_t>(current_sm_count()) *
+         resident_blocks_per_sm(p.kernel, block_threads(s.K), p.geo.smem);
   p.units = static_cast<int64_t>(s.N) * p.geo.bands;
   if (p.geo.bands == 1 && !p.db && !with_images(s, p, budget, wave)) return false;
   int64_t gxw = (wave + p.gy - 1) / p.gy;
@@ -1365,6 +1361,35 @@ bool plan_for(DType dt, const FastShape& s, Plan& p) {
   if (gxw > (int64_t(1) << 30)) return false;
   p.gx = v2::fewest_blocks(p.units, gxw);
   return p.gx >= 1;
+}
+
+// Applicability (16-bit, stride 1, K 3/5/7, C % 8 == 0, switch on) and the variant: AK for 3x3
+// unless _V3_AK=0; for 5x5 with _V3_AK=2, or by default where the AK plan's blocks fit one wave.
+// AK's 5x5 threads take 128 registers (sm_90 build), so two 240-thread blocks per SM: where its
+// grid spills into a second, ragged wave, one kernel row per thread (more blocks per SM) is
+// faster. H200, scripts/gpu_variants.py dwv5, 2026-12-02, batch 64, float16 / bfloat16, weight
+// gradient alone, us, one kernel row per thread against AK: (64,240,28,28) 66.7 / 69.2 against
+// 56.1 / 57.9 (AK 256 blocks in a wave of 264), (64,480,14,14) 40.0 / 41.2 against 35.6 / 36.8
+// (240 blocks); (64,672,14,14) 53.4 / 54.9 against 59.6 / 61.7 (273), (64,1152,7,7) 32.9 / 33.5
+// against 38.4 / 39.6 (288).
+bool plan_for(DType dt, const FastShape& s, Plan& p) {
+  const int m = mode();
+  if (m == 0 || dt == DType::F32 || s.S != 1 || s.C % 8 != 0) return false;
+  if (m == 2 && static_cast<int64_t>(s.Ho) * s.Wo > kAutoPlane) return false;
+  if (!(s.K == 3 || s.K == 5 || s.K == 7)) return false;
+  if (s.N <= 0 || s.H <= 0 || s.W <= 0 || s.Ho <= 0 || s.Wo <= 0) return false;
+  if (s.Ho != s.H + 2 * s.PH - s.K + 1 || s.Wo != s.W + 2 * s.PW - s.K + 1) return false;
+  const int a = ak_setting();
+  int64_t wave = 0;
+  if (s.K == 5 && a < 0) {
+    Plan q;
+    if (plan_with(dt, s, true, q, wave) && static_cast<int64_t>(q.gx) * q.gy <= wave) {
+      p = q;
+      return true;
+    }
+    return plan_with(dt, s, false, p, wave);
+  }
+  return plan_with(dt, s, (s.K == 3 && a != 0) || (s.K == 5 && a == 2), p, wave);
 }
 
 int64_t workspace(const FastShape& s, const Plan& p) {
