@@ -61,6 +61,11 @@
          thread, one image per unit: the kernel before both), then default again (also settable:
          _IMGS=2.., _DB=1, _KB, _UPB)
     dwv3q the same layers, default against _IMGS=1 only
+    hmma the 16-bit channels_last 3x3 convolution on the tensor-core kernel (csrc/conv3x3_hmma.cu)
+         against cuDNN, per layer (Conv+BN+ReLU's two headline blocks, ResNet-50's stride-1 3x3
+         layers at batch 64, float16 and bfloat16): conv + ReLU (conv_bias_relu impl 3 against
+         impl 0, same child), and the Conv+BN+ReLU training forward and fwd+bwd in CUDA graphs
+         against eager, default against CUDADOCTOR_OPS_CBR_HMMA_TRAIN=1, each twice, interleaved
     dwv5 the 5x5 layers of dwv3: default (all 25 taps per thread where that grid fits one wave,
          else one kernel row per thread) against _AK=1 (one kernel row per thread for 5x5, 48 KB),
          _AK=2 (all taps per thread for every 5x5 launch, 96 KB), then default again
@@ -142,6 +147,8 @@ _IM1 = {"CUDADOCTOR_OPS_DW_WGRAD_V3_IMGS": "1"}
 DWV3_SETTINGS = [{}, _IM1, {**_AK0, **_IM1}, {}]
 DWV3Q_SETTINGS = [{}, _IM1]
 _AK2 = {"CUDADOCTOR_OPS_DW_WGRAD_V3_AK": "2"}
+_HMMA = {"CUDADOCTOR_OPS_CBR_HMMA_TRAIN": "1"}
+HMMA_SETTINGS = [{}, _HMMA, {}, _HMMA]
 DWV5_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_WGRAD_V3_AK": "1"}, _AK2, {}]
 DWW_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "0"}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "1"}, {"CUDADOCTOR_OPS_DW_WGRAD_PF": "1"},
                 {"CUDADOCTOR_OPS_DW_WGRAD_PF": "2"}]
@@ -276,6 +283,27 @@ def _child(part: str) -> None:
 
             out.append([f"cbr fwd+bwd {shape}->{k} {dts} nhwc", timer(fb(fused)), timer(fb(ref)),
                         e < 2e-2])
+    elif part == "hmma":
+        from cudadoctor_ops.bench_cbr import graph_ms
+
+        cases = list(CBR_CASES[:2]) + [((64, c, h, h), c, d) for c, h in ((64, 56), (128, 28), (256, 14), (512, 7))
+                                        for d in ("float16", "bfloat16")]
+        for shape, k, dts, fused, ref, x, xg, g, e in _cbr_blocks(cases, err):
+            w = ref[0].weight
+
+            def conv_relu(impl, x=x, w=w):
+                return lambda: ops.conv_bias_relu(x, w, None, [1, 1], [1, 1], [1, 1], 1, impl)
+
+            same = err(conv_relu(3)(), conv_relu(0)()) < 2e-2
+            out.append([f"conv+relu hmma / cuDNN {shape}->{k} {dts}", timer(conv_relu(3)), timer(conv_relu(0)), same])
+            fwd_o, fwd_r = (lambda: fused(x)), (lambda: ref(x))  # noqa: B023 - called in this iteration
+            fb_o, fb_r = (lambda: fused(xg).backward(g)), (lambda: ref(xg).backward(g))  # noqa: B023
+            out.append([f"cbr train fwd {shape}->{k} {dts} (graph)", graph_ms(timer, fwd_o) or float("nan"),
+                        graph_ms(timer, fwd_r) or float("nan"), e < 2e-2])
+            out.append([f"cbr fwd+bwd {shape}->{k} {dts} (graph)", graph_ms(timer, fb_o) or float("nan"),
+                        graph_ms(timer, fb_r) or float("nan"), e < 2e-2])
+            del fused, ref, x, xg, g
+            torch.cuda.empty_cache()
     elif part in ("cbrb", "cbrst"):
         from cudadoctor_ops.bench_cbr import graph_ms
 
@@ -401,7 +429,7 @@ def main(argv: list[str]) -> int:
                     "dwb": DWB_SETTINGS, "dwb4": DWB4_SETTINGS, "dww": DWW_SETTINGS,
                     "dwh": DWH_SETTINGS, "dwbh": DWBH_SETTINGS,
                     "dwsh": DWSH_SETTINGS, "dwv3": DWV3_SETTINGS,
-                    "dwv3q": DWV3Q_SETTINGS, "dwv5": DWV5_SETTINGS}[part]
+                    "dwv3q": DWV3Q_SETTINGS, "dwv5": DWV5_SETTINGS, "hmma": HMMA_SETTINGS}[part]
         child = {"dwb4": "dwb", "dwn4": "dwn", "dwh": "dwa", "dwbh": "dwb", "dwv3q": "dwv3"}.get(part, part)
         results = [(_label(env), _run(child, env)) for env in settings]
         results = [(lab, r) for lab, r in results if r]

@@ -443,6 +443,8 @@ bool conv_tf32(const Ctx& ctx) {
 
 }  // namespace
 
+int compute_capability(int device) { return device_cc(device); }
+
 bool tf32_allowed() {
   // with cuDNN off (torch.backends.cudnn.enabled = False) torch convolves in float32 without it
   const auto& ctx = at::globalContext();

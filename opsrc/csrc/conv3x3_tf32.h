@@ -16,6 +16,9 @@ namespace tf32conv {
 // for them.
 bool tf32_allowed();
 
+// The compute capability of `device` as major * 10 + minor (cached per device).
+int compute_capability(int device);
+
 // Whether conv3x3 takes this convolution: float32 contiguous (NCHW) input on a device
 // of compute capability 8.0 or newer, a 3x3 filter, stride 1, padding 1, dilation 1, groups 1,
 // input channels a multiple of 8, output channels a multiple of 64, and the staged rows of one

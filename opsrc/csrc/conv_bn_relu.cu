@@ -52,6 +52,7 @@
 
 #include "batch_norm.h"
 #include "batch_norm_common.cuh"
+#include "conv3x3_hmma.h"
 #include "conv3x3_tf32.h"
 #include "host_util.h"
 
@@ -2038,9 +2039,13 @@ TrainOut train_impl(const char* op, const at::Tensor& input, const at::Tensor& c
   // cuDNN use TF32, in place of cuDNN's TF32 kernel and its two layout transposes
   const bool tf32 = tf32conv::train_prefers(input) && tf32conv::tf32_allowed() &&
                     tf32conv::applies(input, conv_weight, stride, padding, dilation, groups);
+  // 16-bit channels_last 3x3, opt-in (CUDADOCTOR_OPS_CBR_HMMA_TRAIN=1): the tensor-core kernel
+  const bool hmma = !tf32 && hmmaconv::train_enabled() &&
+                    hmmaconv::applies(input, conv_weight, stride, padding, dilation, groups);
   at::Tensor conv_out =
-      tf32 ? tf32conv::conv3x3(input, conv_weight, conv_bias, false)
-           : conv_forward(input, conv_weight, conv_bias, stride, padding, dilation, groups);
+      tf32   ? tf32conv::conv3x3(input, conv_weight, conv_bias, false)
+      : hmma ? hmmaconv::conv3x3(input, conv_weight, conv_bias, false)
+             : conv_forward(input, conv_weight, conv_bias, stride, padding, dilation, groups);
   check_bn_param(op, bn_weight, "bn_weight", conv_out);
   check_bn_param(op, bn_bias, "bn_bias", conv_out);
   Layout l = bn::make_layout(conv_out);
@@ -2392,8 +2397,9 @@ at::Tensor conv_bias_relu_cuda(const at::Tensor& input, const at::Tensor& weight
                                int64_t impl) {
   constexpr const char* op = "cudadoctor_ops.conv_bias_relu";
   check_common(op, input, weight, stride, padding, dilation, groups);
-  TORCH_CHECK(impl >= 0 && impl <= 2, op,
-              ": impl must be 0 (auto), 1 (epilogue kernel) or 2 (direct TF32 kernel), got ", impl);
+  TORCH_CHECK(impl >= 0 && impl <= 3, op,
+              ": impl must be 0 (auto), 1 (epilogue kernel), 2 (direct TF32 kernel) or 3 (16-bit "
+              "tensor-core kernel), got ", impl);
   const bool has_bias = bias.has_value() && bias->defined();
   if (has_bias) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0), op,
@@ -2411,6 +2417,11 @@ at::Tensor conv_bias_relu_cuda(const at::Tensor& input, const at::Tensor& weight
     if (tf32conv::tf32_allowed() &&
         tf32conv::applies(input, weight, stride, padding, dilation, groups))
       return tf32conv::conv3x3(input, weight, bias, true);
+    impl = 0;
+  }
+  if (impl == 3) {
+    if (hmmaconv::applies(input, weight, stride, padding, dilation, groups))
+      return hmmaconv::conv3x3(input, weight, bias, true);
     impl = 0;
   }
   // cuDNN's fused conv+bias+ReLU engines: plain convolutions with tensor-core friendly channel

@@ -588,8 +588,9 @@ Tensor conv_bias_relu_cpu(const Tensor& input, const Tensor& weight, const OptTe
                           at::IntArrayRef stride, at::IntArrayRef padding,
                           at::IntArrayRef dilation, int64_t groups, int64_t impl) {
   check_cpu("cudadoctor_ops.conv_bias_relu", input, weight, groups);
-  TORCH_CHECK(impl >= 0 && impl <= 2, "cudadoctor_ops.conv_bias_relu: impl must be 0 (auto), 1 "
-              "(epilogue kernel) or 2 (direct TF32 kernel), got ", impl);  // one CPU path for all
+  TORCH_CHECK(impl >= 0 && impl <= 3, "cudadoctor_ops.conv_bias_relu: impl must be 0 (auto), 1 "
+              "(epilogue kernel), 2 (direct TF32 kernel) or 3 (16-bit tensor-core kernel), got ",
+              impl);  // one CPU path for all
   const std::vector<int64_t> zero = {0, 0};
   Tensor y = at::convolution(input, weight, std::nullopt, stride, padding, dilation, false, zero,
                              groups);

@@ -115,7 +115,9 @@ TORCH_LIBRARY(cudadoctor_ops, m) {
       "Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked, float momentum, float eps, "
       "int[2] stride, int[2] padding, int[2] dilation, int groups) -> Tensor");
   // Inference after folding BN into (weight, bias): relu(conv(input, weight) + bias).
-  // impl: 0 auto (cuDNN fused conv+bias+ReLU where available), 1 conv + epilogue kernel.
+  // impl: 0 auto (cuDNN fused conv+bias+ReLU where available), 1 conv + epilogue kernel, 2 the
+  // direct TF32 kernel (float32 NCHW 3x3), 3 the 16-bit tensor-core kernel (channels_last 3x3);
+  // 2 and 3 fall back to 0 where their kernel does not apply.
   m.def(
       "conv_bias_relu(Tensor input, Tensor weight, Tensor? bias, int[2] stride, int[2] padding, "
       "int[2] dilation, int groups, int impl=0) -> Tensor");

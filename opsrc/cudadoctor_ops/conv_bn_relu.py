@@ -33,6 +33,7 @@ time both. Both sets write the same mask and statistics (NCHW tensors always use
 from __future__ import annotations
 
 import math
+import os
 import types
 from collections.abc import Sequence
 from typing import Optional
@@ -67,8 +68,12 @@ _DEVICES = ("cuda", "cpu")  # device types with kernels; others run the torch op
 # bias and ReLU in its epilogue, where torch lets cuDNN use TF32 for float32 convolutions (its
 # default), else "cudnn"; "auto": the fastest of those that apply (and, for NCHW input, of cudnn /
 # epilogue with a channels_last convolution inside), timed once per shape on first use. The
-# functional API treats "auto" as "cudnn".
-EVAL_IMPLS = {"auto": 0, "cudnn": 0, "epilogue": 1, "tf32": 2}
+# functional API treats "auto" as "cudnn". "hmma": float16 / bfloat16 channels_last 3x3
+# convolutions (stride 1, padding 1, groups 1, input channels a multiple of 32, output channels
+# of 64) on the implicit-GEMM tensor-core kernel (csrc/conv3x3_hmma.cu) with bias and ReLU in its
+# epilogue, else "cudnn"; "auto" times it too where CUDADOCTOR_OPS_CBR_HMMA_EVAL=1.
+EVAL_IMPLS = {"auto": 0, "cudnn": 0, "epilogue": 1, "tf32": 2, "hmma": 3}
+_ENV_HMMA_EVAL = "CUDADOCTOR_OPS_CBR_HMMA_EVAL"
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -375,7 +380,7 @@ def conv_bn_relu(
     channels_last. conv_weight / conv_bias have the input's dtype; bn_weight, bn_bias and the
     running statistics have the input's dtype or float32. training=True normalises with the batch
     statistics and updates running_mean / running_var in place; training=False uses them (BN
-    folded into the convolution; eval_impl "cudnn" (= "auto" here), "epilogue" or "tf32"). CPU
+    folded into the convolution; eval_impl "cudnn" (= "auto" here), "epilogue", "tf32" or "hmma"). CPU
     tensors run the torch ops.
 
     residual (the tail of a ResNet block, ``relu(bn(conv(x)) + identity)``): a tensor of the
@@ -433,7 +438,7 @@ class _FoldCache:
 
 # (input shape, dtype, channels_last, weight shape, conv args, device) -> name of the fastest variant
 _TUNED: dict = {}
-_VARIANTS = ("cudnn", "epilogue", "cudnn, channels_last inside", "epilogue, channels_last inside", "tf32")
+_VARIANTS = ("cudnn", "epilogue", "cudnn, channels_last inside", "epilogue, channels_last inside", "tf32", "hmma")
 
 
 def _tf32_shape(input: Tensor, weight: Tensor, conv_args: tuple) -> bool:
@@ -448,6 +453,20 @@ def _tf32_shape(input: Tensor, weight: Tensor, conv_args: tuple) -> bool:
     )
 
 
+def _hmma_shape(input: Tensor, weight: Tensor, conv_args: tuple) -> bool:
+    """Whether the "hmma" variant's kernel takes this convolution (csrc/conv3x3_hmma.h: applies;
+    the device's compute capability is checked at each call)."""
+    stride, padding, dilation, groups = conv_args
+    return (
+        input.dtype in (torch.float16, torch.bfloat16) and weight.dtype == input.dtype and input.dim() == 4
+        and weight.dim() == 4 and not input.is_contiguous()
+        and input.is_contiguous(memory_format=torch.channels_last) and input.data_ptr() % 16 == 0
+        and tuple(weight.shape[2:]) == (3, 3) and groups == 1 and _pair(stride, "stride") == [1, 1]
+        and _pair(padding, "padding") == [1, 1] and _pair(dilation, "dilation") == [1, 1]
+        and input.shape[1] % 32 == 0 and weight.shape[0] % 64 == 0
+    )
+
+
 def _run_variant(name: str, input: Tensor, cache: "_FoldCache", conv_args: tuple) -> Tensor:
     if name == "cudnn":
         return _eval_op(input, cache.weight, cache.bias, *conv_args, 0)
@@ -455,6 +474,8 @@ def _run_variant(name: str, input: Tensor, cache: "_FoldCache", conv_args: tuple
         return _eval_op(input, cache.weight, cache.bias, *conv_args, 1)
     if name == "tf32":
         return _eval_op(input, cache.weight, cache.bias, *conv_args, 2)
+    if name == "hmma":
+        return _eval_op(input, cache.weight, cache.bias, *conv_args, 3)
     if cache.weight_cl is None:
         cache.weight_cl = cache.weight.contiguous(memory_format=torch.channels_last)
     impl = 0 if name.startswith("cudnn") else 1
@@ -497,6 +518,8 @@ def _tuned_variant(input: Tensor, cache: "_FoldCache", conv_args: tuple, channel
         candidates += list(_VARIANTS[2:4])
     if not channels_last and _tf32_shape(input, cache.weight, conv_args):
         candidates.append("tf32")
+    if channels_last and os.environ.get(_ENV_HMMA_EVAL) == "1" and _hmma_shape(input, cache.weight, conv_args):
+        candidates.append("hmma")
     if torch.cuda.is_current_stream_capturing():
         return "cudnn"
     times = {n: float("inf") for n in candidates}
@@ -659,7 +682,8 @@ class ConvBNReLU2d(nn.Module):
     ``nn.Sequential(OrderedDict(conv=..., bn=..., relu=...))``. Train/eval follows ``bn``'s mode.
     eval_impl: "auto" (the fastest variant, timed once per shape), "cudnn" (cuDNN fused
     conv+bias+ReLU where available), "epilogue" (convolution, then one bias+ReLU kernel) or
-    "tf32" (float32 NCHW 3x3: the direct TF32 kernel where torch allows TF32 convolutions).
+    "tf32" (float32 NCHW 3x3: the direct TF32 kernel where torch allows TF32 convolutions) or
+    "hmma" (float16 / bfloat16 channels_last 3x3: the implicit-GEMM tensor-core kernel).
     """
 
     def __init__(
@@ -925,8 +949,10 @@ def sanitize_exercise(quick: bool = False, device: str = "cuda") -> int:
     conv_bn_relu`` under compute-sanitizer); returns the number of fused calls. quick: float32 and
     float16 only."""
     calls = 0
-    # (N, C_in, H, W, C_out, groups): vector / 8-element groups, odd sizes (scalar paths), depthwise
-    cases = [(2, 8, 8, 8, 16, 1), (3, 5, 7, 5, 6, 1), (2, 8, 9, 9, 8, 8), (2, 16, 4, 4, 16, 1)]
+    # (N, C_in, H, W, C_out, groups): vector / 8-element groups, odd sizes (scalar paths), depthwise;
+    # 32 -> 64 channels: the 16-bit tensor-core kernel under eval_impl "hmma" (channels_last)
+    cases = [(2, 8, 8, 8, 16, 1), (3, 5, 7, 5, 6, 1), (2, 8, 9, 9, 8, 8), (2, 16, 4, 4, 16, 1),
+             (1, 32, 5, 7, 64, 1)]
     dtypes = (torch.float32, torch.float16) if quick else (torch.float32, torch.float16, torch.bfloat16, torch.float64)
     for n, ci, h, w, co, g in cases:
         for dtype in dtypes:

@@ -1443,6 +1443,154 @@ def test_tf32_module_eval(monkeypatch):
     assert "tf32" in calls and fused._fold_cache.choice is not None
 
 
+# ---------------------------------------------------------------- GPU: the 16-bit tensor-core kernel
+#
+# conv_bias_relu impl 3 (eval_impl "hmma"): float16 / bfloat16 channels_last 3x3 convolutions on
+# mma.sync tensor cores (csrc/conv3x3_hmma.cu), float32 sums. Cases (N, C_in, H, W, C_out, bias):
+# tiles of 8 x 16 output pixels cut by the image's bottom and right edges (28x28, 13x10, 9x17: a
+# last tile one column wide), images smaller than one tile (5x7, 2x3), one to three 32-channel
+# chunks, one and two blocks of 64 output channels.
+HMMA_CASES = [
+    (2, 64, 28, 28, 64, False),
+    (3, 32, 13, 10, 64, True),
+    (1, 32, 5, 7, 128, True),
+    (2, 96, 9, 17, 64, False),
+    (1, 64, 2, 3, 128, True),
+]
+
+
+def _hmma_inputs(case, dtype, seed=1):
+    n, ci, h, w, co, has_bias = case
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, ci, h, w, generator=gen).to(device="cuda", dtype=dtype)
+    x = x.contiguous(memory_format=torch.channels_last)
+    wt = (torch.randn(co, ci, 3, 3, generator=gen) / (ci * 9) ** 0.5).to(device="cuda", dtype=dtype)
+    b = torch.randn(co, generator=gen).cuda() if has_bias else None
+    return x, wt, b
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", HMMA_CASES, ids=lambda c: "x".join(map(str, c[:4])) + f"-{c[4]}" + ("-bias" if c[5] else ""))
+def test_hmma_kernel_within_rounding_bound(case, dtype):
+    """Every output within one rounding of the float64 result: 16-bit products are exact in
+    float32 and the 9 * C_in float32 sums are off by far less than the final rounding to the
+    16-bit type (2^-11 of |out| for float16, 2^-8 for bfloat16), so
+    |out - ref| <= 2^-p * |ref| + 2^-16 * conv(|x|, |w|) + tiny. Deterministic, channels_last out,
+    and within the type's rounding of cuDNN's result for the same call (impl 0). The kernel
+    without its ReLU (the training forward's call) runs in test_hmma_training_forward_matches_torch."""
+    x, wt, b = _hmma_inputs(case, dtype)
+    x64, w64 = x.double(), wt.double()
+    ref = F.relu(F.conv2d(x64, w64, None if b is None else b.double(), padding=1))
+    ulp = 2.0**-11 if dtype == torch.float16 else 2.0**-8
+    bound = ref.abs() * ulp + F.conv2d(x64.abs(), w64.abs(), padding=1) * 2.0**-16 + 1e-6
+
+    def call():
+        return ops.conv_bias_relu(x, wt, b, [1, 1], [1, 1], [1, 1], 1, 3)
+
+    out, names = _tf32_run(call)
+    assert "conv3x3_hmma_nhwc" in names, names
+    assert out.shape == ref.shape and out.dtype == dtype
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    excess = ((out.double() - ref).abs() - bound).max().item()
+    assert excess <= 0, f"an output is {excess:.3g} beyond one rounding of the float64 result"
+    assert torch.equal(out, call())
+    assert _rel_err(out, ops.conv_bias_relu(x, wt, b, [1, 1], [1, 1], [1, 1], 1, 0)) <= 4 * ulp
+
+
+@gpu
+@pytest.mark.gpu
+def test_hmma_kernel_only_where_it_applies():
+    """Convolutions outside the kernel's conditions (stride 2, 5x5, NCHW, float32, 32 output
+    channels, 16 input channels, a misaligned view) run the cuDNN path under impl 3, with the
+    same result as impl 0."""
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 32, 12, 12, generator=gen).cuda().half()
+    cl = x.contiguous(memory_format=torch.channels_last)
+
+    def w(co, ci, k):
+        return torch.randn(co, ci, k, k, generator=gen).cuda().half()
+
+    cases = [
+        (cl, w(64, 32, 3), (2, 2), (1, 1)),
+        (cl, w(64, 32, 5), (1, 1), (2, 2)),
+        (x, w(64, 32, 3), (1, 1), (1, 1)),
+        (cl.float(), w(64, 32, 3).float(), (1, 1), (1, 1)),
+        (cl, w(32, 32, 3), (1, 1), (1, 1)),
+        (cl[:, :16].contiguous(memory_format=torch.channels_last), w(64, 16, 3), (1, 1), (1, 1)),
+    ]
+    # channels_last data starting 2 bytes past a 16-byte boundary
+    base = torch.randn(1 + 2 * 32 * 12 * 12, generator=gen).cuda().half()
+    cases.append((base[1:].view(2, 12, 12, 32).permute(0, 3, 1, 2), w(64, 32, 3), (1, 1), (1, 1)))
+    for xi, wi, stride, pad in cases:
+        out, names = _tf32_run(lambda xi=xi, wi=wi, stride=stride, pad=pad: ops.conv_bias_relu(
+            xi, wi, None, list(stride), list(pad), [1, 1], 1, 3))
+        assert "conv3x3_hmma_nhwc" not in names, (tuple(xi.shape), tuple(wi.shape), names)
+        assert torch.equal(out, ops.conv_bias_relu(xi, wi, None, list(stride), list(pad), [1, 1], 1, 0))
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_hmma_module_eval(monkeypatch, dtype):
+    """ConvBNReLU2d(eval_impl="hmma") in eval runs the kernel on the folded weights, within the
+    16-bit tolerance of the float64 block; "auto" (the tuner) times it only with
+    CUDADOCTOR_OPS_CBR_HMMA_EVAL=1."""
+    import importlib
+
+    cbr = importlib.import_module("cudadoctor_ops.conv_bn_relu")
+    x, conv, bn = _make((2, 64, 20, 20, 64, 3, 1, 1, 1, 1, True), dtype, "channels_last")
+    fused = ConvBNReLU2d.from_modules(conv, bn, eval_impl="hmma").to(dtype=dtype).eval()
+    with torch.no_grad():
+        out, names = _tf32_run(lambda: fused(x))
+        ref = _eager(x.double(), copy.deepcopy(conv).double(), copy.deepcopy(bn).double().eval())
+    assert "conv3x3_hmma_nhwc" in names, names
+    assert _rel_err(out, ref) <= TOL[dtype]
+    calls = []
+    real = cbr._run_variant
+    monkeypatch.setattr(cbr, "_run_variant", lambda name, *a: calls.append(name) or real(name, *a))
+    fused.eval_impl = "auto"
+    for env, listed in (("0", False), ("1", True)):
+        monkeypatch.setenv("CUDADOCTOR_OPS_CBR_HMMA_EVAL", env)
+        monkeypatch.setattr(cbr, "_TUNED", {})
+        fused._fold_cache.choice = None
+        calls.clear()
+        with torch.no_grad():
+            assert _rel_err(fused(x), ref) <= TOL[dtype]
+        assert ("hmma" in calls) == listed, (env, calls)
+
+
+_CBR_HMMA_CHILD = """
+# (N, C_in, H, W, C_out, kernel, stride, padding), BatchNorm2d keywords; the last case has 16
+# input channels (not the kernel's shape: cuDNN's convolution)
+cases = [
+    ((4, 32, 14, 14, 64, 3, 1, 1), {}),
+    ((2, 64, 9, 11, 128, 3, 1, 1), {"momentum": 0.3}),
+    ((3, 32, 7, 9, 64, 3, 1, 1), {"affine": False}),
+    ((4, 16, 9, 11, 64, 3, 1, 1), {}),
+]
+out = run_cases(cases, 3, lambda names: "conv3x3_hmma_nhwc" in names)
+print(json.dumps(out))
+"""
+
+
+@gpu
+@pytest.mark.gpu
+def test_hmma_training_forward_matches_torch():
+    """With CUDADOCTOR_OPS_CBR_HMMA_TRAIN=1 the 16-bit channels_last training forward runs its
+    convolution on the tensor-core kernel wherever it applies: three training steps of
+    ConvBNReLU2d against Conv2d -> BatchNorm2d -> ReLU (output, running statistics, every gradient
+    through the usual backward)."""
+    res = _run_cbr_child(_CBR_HMMA_CHILD, "default", extra={"CUDADOCTOR_OPS_CBR_HMMA_TRAIN": "1"})
+    assert len(res) == 8
+    for key, r in res.items():
+        dtype = torch.float16 if key.startswith("float16") else torch.bfloat16
+        applies = "x16x" not in key
+        assert all(r["tile"]) == applies and any(r["tile"]) == applies, (key, r["tile"])
+        _check_steps(key, r, 3, TOL[dtype], "track_running_stats" not in key)
+
+
 def _tf32_train_case(has_bias: bool, hw: int = 56, seed: int = 5):
     gen = torch.Generator().manual_seed(seed)
     n, ci, co = 2, 16, 64
@@ -2101,7 +2249,8 @@ def test_eval_tuner_keeps_each_variants_best_round(monkeypatch):
     cache.weight = torch.zeros(64, 8, 3, 3)
     x8 = torch.zeros(2, 8, 8, 8)
     assert cbr._tuned_variant(x8, cache, ((1, 1), (1, 1), (1, 1), 1), False) == "tf32"
-    assert calls[:5] == list(cbr._VARIANTS)
+    assert calls[:5] == list(cbr._VARIANTS[:5])
+    assert "hmma" not in calls  # float32 NCHW: not the 16-bit kernel's shape
     # padding 2: not its shape
     calls.clear()
     assert cbr._tuned_variant(x8, cache, ((1, 1), (2, 2), (1, 1), 1), False) != "tf32"
