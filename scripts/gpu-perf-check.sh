@@ -24,7 +24,7 @@
 # The sections after `build` use the installed wheel, so on a machine still warm from an earlier
 # call they can run alone. Writes at most 9 files to $OUT: summary.txt build.log tests.log
 # smoke.log bench.txt cbr.txt variants.txt kvariants.txt profile.txt. Environment: OUT, PYTHON, ARCHS, T_*, GPU_WHEELS,
-# TEST_PATHS (pytest paths of `tests`, default tests/ops), TEST_WORKERS (pytest-xdist workers, default 14: tests/ops took about 210 s that way on the H200
+# TEST_PATHS (pytest paths of `tests`, default tests/ops), TEST_K (pytest -k of `tests`), TEST_WORKERS (pytest-xdist workers, default 14: tests/ops took about 210 s that way on the H200
 # machine, then over 250 s once the switch tests of the depthwise weight gradient, bn_tile_nhwc's
 # merge batch and Conv+BN+ReLU's contiguous forward were added; T_TESTS defaults to 490: 361 s on 2026-11-30 with
 # smoke alongside, then past 420 s (97% done) once the graph bench test passed, 350 s again later that day;
@@ -80,8 +80,9 @@ section_build() {
 section_tests() {
   local xdist="" p1 p2
   "$PY" -c "import xdist" 2>/dev/null && xdist="-n ${TEST_WORKERS:-14}"
+  # TEST_K: a pytest -k expression (default: every test of TEST_PATHS)
   ( lim "${T_TESTS:-490}" "$PY" -m pytest -q -rf -p no:cacheprovider --durations=25 $xdist ${TEST_PATHS:-tests/ops} -m "not compile" \
-      >"$OUT/tests.log" 2>&1; echo "[exit $?]" >>"$OUT/tests.log" ) &
+      ${TEST_K:+-k "$TEST_K"} >"$OUT/tests.log" 2>&1; echo "[exit $?]" >>"$OUT/tests.log" ) &
   p1=$!
   ( lim "${T_SMOKE:-300}" "$PY" -m cudadoctor smoke --installed -j 2 >"$OUT/smoke.log" 2>&1
     echo "[exit $?]" >>"$OUT/smoke.log" ) &

@@ -1541,7 +1541,7 @@ def test_hmma_module_eval(monkeypatch, dtype):
 
     cbr = importlib.import_module("cudadoctor_ops.conv_bn_relu")
     x, conv, bn = _make((2, 64, 20, 20, 64, 3, 1, 1, 1, 1, True), dtype, "channels_last")
-    fused = ConvBNReLU2d.from_modules(conv, bn, eval_impl="hmma").to(dtype=dtype).eval()
+    fused = ConvBNReLU2d.from_modules(conv, bn, eval_impl="hmma").eval()
     with torch.no_grad():
         out, names = _tf32_run(lambda: fused(x))
         ref = _eager(x.double(), copy.deepcopy(conv).double(), copy.deepcopy(bn).double().eval())
