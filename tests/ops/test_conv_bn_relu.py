@@ -2255,3 +2255,25 @@ def test_eval_tuner_keeps_each_variants_best_round(monkeypatch):
     calls.clear()
     assert cbr._tuned_variant(x8, cache, ((1, 1), (2, 2), (1, 1), 1), False) != "tf32"
     assert calls and "tf32" not in calls
+    # float16 channels_last 3x3, 32 -> 64 channels: the tensor-core kernel is a candidate only with
+    # CUDADOCTOR_OPS_CBR_HMMA_EVAL=1, and then wins where it is fastest
+    script["hmma"] = [0.010, 0.011, 0.012]
+    cache.weight = torch.zeros(64, 32, 3, 3, dtype=torch.float16)
+    x16 = torch.zeros(2, 32, 8, 8, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    args = ((1, 1), (1, 1), (1, 1), 1)
+    for env, want in (("0", False), ("1", True)):
+        monkeypatch.setenv("CUDADOCTOR_OPS_CBR_HMMA_EVAL", env)
+        monkeypatch.setattr(cbr, "_TUNED", {})
+        calls.clear()
+        name = cbr._tuned_variant(x16, cache, args, True)
+        assert ("hmma" in calls) == want and (name == "hmma") == want, (env, name, calls)
+    # NCHW, 16 input channels, stride 2: not its shape, even with the switch on
+    for xi, wi, a in ((x16.contiguous(), cache.weight, args),
+                      (torch.zeros(2, 16, 8, 8, dtype=torch.float16).contiguous(memory_format=torch.channels_last),
+                       torch.zeros(64, 16, 3, 3, dtype=torch.float16), args),
+                      (x16, cache.weight, ((2, 2), (1, 1), (1, 1), 1))):
+        cache.weight = wi
+        monkeypatch.setattr(cbr, "_TUNED", {})
+        calls.clear()
+        cbr._tuned_variant(xi, cache, a, xi.is_contiguous(memory_format=torch.channels_last) and not xi.is_contiguous())
+        assert calls and "hmma" not in calls, (tuple(xi.shape), a, calls)
