@@ -17,7 +17,7 @@
 #   profile   scripts/gpu_profile.py $PROFILE_PARTS (default bn cbr dw; kernel-level breakdown)
 #   kvariants scripts/gpu_variants.py $KV_PARTS (default bn cbr dw dwb; also dww): kernel choices (switch
 #             settings) side by side against torch, one child process per setting
-#   ncu       Nsight Compute sections of scripts/gpu_ncu.py $NCU_PARTS (default dw bn; also bnh, bnbig, bwdtile,
+#   ncu       Nsight Compute sections of scripts/gpu_ncu.py $NCU_PARTS (default dw bn; also bnh, bnbig, bwdtile, hmma,
 #             bnstats, tile, dws, dwk5), plus $NCU_SECTIONS, appended to profile.txt; once per VAR=VALUE setting in
 #             $NCU_ENVS when given (e.g. "CUDADOCTOR_OPS_BN_STATS_PIPE=0 CUDADOCTOR_OPS_BN_STATS_PIPE=4";
 #             a comma joins the settings of one run)

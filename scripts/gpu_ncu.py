@@ -1,6 +1,6 @@
 """Kernels to look at under Nsight Compute, run once each between cudaProfilerStart/Stop.
 
-    ncu --profile-from-start off --section SpeedOfLight ... python scripts/gpu_ncu.py [dw] [bn] [bnh] [bnbig] [bnstats] [tile] [bwdtile] [dws] [dwk5]
+    ncu --profile-from-start off --section SpeedOfLight ... python scripts/gpu_ncu.py [dw] [bn] [bnh] [bnbig] [bnstats] [tile] [bwdtile] [dws] [dwk5] [hmma]
 
 Each case runs ours and torch's version twice before the profiled region (so lazy set-up, cuDNN
 heuristics and caches stay out of it), then once inside it.
@@ -93,6 +93,19 @@ def cases(parts):
         # 6.4M elements) against cuDNN's semi-persistent backward
         for shape in [(32, 64, 56, 56), (64, 128, 28, 28)]:
             out += backward_cases(f"bn {shape} float16 nhwc", *bn_tensors(shape, torch.float16, True))
+    if "hmma" in parts:
+        # the 16-bit tensor-core 3x3 convolution (conv_bias_relu impl 3) against cuDNN's (impl 0) on
+        # Conv+BN+ReLU's float16 (32,64,56,56)->64 layer and a 7x7 one, conv + ReLU
+        for (n, c, h, w), k in [((32, 64, 56, 56), 64), ((64, 512, 7, 7), 512)]:
+            x = torch.randn(n, c, h, w, device="cuda", dtype=torch.float16).contiguous(
+                memory_format=torch.channels_last)
+            wt = (torch.randn(k, c, 3, 3, device="cuda", dtype=torch.float16) * 0.05).contiguous(
+                memory_format=torch.channels_last)
+            conv = torch.ops.cudadoctor_ops.conv_bias_relu
+            for label, impl in (("hmma", 3), ("cudnn", 0)):
+                out.append((f"conv3x3+relu {(n, c, h, w)}->{k} fp16 nhwc {label}",
+                            lambda x=x, wt=wt, impl=impl, conv=conv: conv(x, wt, None, [1, 1], [1, 1], [1, 1], 1,
+                                                                          impl)))
     # single depthwise forward rows: dws, (1,64,128,128) float32 3x3, below its 2x target;
     # dwk5, (64,240,28,28) float16 channels_last 5x5, the forward row cuDNN's fp16 kernel still wins
     for part, (n, c, h, w), k, dt, cl in [("dws", (1, 64, 128, 128), 3, torch.float32, False),
