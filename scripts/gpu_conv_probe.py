@@ -28,7 +28,23 @@ def case(shape, k, dtype, cl, bench_mode):
     g = torch.randn_like(y)
     fwd = bench(lambda: F.conv2d(x, wt, padding=1))
     bwd = bench(lambda: torch.autograd.grad(y, (x, wt), g, retain_graph=True))
-    return fwd, bwd
+    return fwd, bwd, graphed(lambda: F.conv2d(x, wt, padding=1)), graphed(
+        lambda: torch.autograd.grad(y, (x, wt), g, retain_graph=True))
+
+
+def graphed(fn):
+    """Median replay time of a CUDA graph of fn (GPU time only; the algorithm is chosen in the
+    warm-up calls before the capture)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return bench(g.replay)
 
 
 def main() -> int:
@@ -39,13 +55,19 @@ def main() -> int:
         ((64, 64, 56, 56), 64, torch.bfloat16, True),
         ((64, 256, 14, 14), 256, torch.bfloat16, True),
         ((64, 512, 7, 7), 512, torch.bfloat16, True),
+        ((64, 64, 56, 56), 64, torch.float16, True),
+        ((64, 128, 28, 28), 128, torch.float16, True),
     ]
     print(f"{torch.__version__} cudnn {torch.backends.cudnn.version()} tf32 {torch.backends.cudnn.allow_tf32}")
-    print(f"{'shape':22} {'K':>4} {'dtype':9} {'cl':3} {'fwd def':>8} {'fwd bm':>8} {'bwd def':>8} {'bwd bm':>8}")
+    print("us; def: cudnn.benchmark=False, bm: True; eager calls (do_bench) | CUDA-graph replays")
+    print(f"{'shape':22} {'K':>4} {'dtype':9} {'cl':3} {'fwd def':>8} {'fwd bm':>8} {'bwd def':>8} {'bwd bm':>8}"
+          f" | {'fwd def':>8} {'fwd bm':>8} {'bwd def':>8} {'bwd bm':>8}")
     for shape, k, dt, cl in cases:
-        f0, b0 = case(shape, k, dt, cl, False)
-        f1, b1 = case(shape, k, dt, cl, True)
-        print(f"{str(shape):22} {k:4} {str(dt)[6:]:9} {int(cl):3} {f0*1e3:8.1f} {f1*1e3:8.1f} {b0*1e3:8.1f} {b1*1e3:8.1f}  (us)")
+        d = case(shape, k, dt, cl, False)
+        b = case(shape, k, dt, cl, True)
+        cols = " ".join(f"{v * 1e3:8.1f}" for v in (d[0], b[0], d[1], b[1]))
+        gcols = " ".join(f"{v * 1e3:8.1f}" for v in (d[2], b[2], d[3], b[3]))
+        print(f"{str(shape):22} {k:4} {str(dt)[6:]:9} {int(cl):3} {cols} | {gcols}", flush=True)
     torch.backends.cudnn.benchmark = False
     if "--resnet" in sys.argv:
         import torchvision

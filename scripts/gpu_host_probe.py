@@ -1,7 +1,7 @@
 """Host time against GPU time of one call: Conv+BN+ReLU blocks (fused and eager) and a ResNet-50 step.
 
     python scripts/gpu_host_probe.py [blocks] [resnet] [profile] [torchprof] [blockprof] [kernels]
-                                     [streams] [resgrad] [bs=N ...]
+                                     [streams] [resgrad] [evalhost] [bs=N ...]
 
 Each call is issued while the GPU is held by a sleep kernel, so nothing the call queues can block
 the host: "host ms" is the wall time of the Python call (launches, dispatch, allocation), "gpu ms"
@@ -10,7 +10,8 @@ host time exceeds its GPU time is host-bound in an eager loop; a host time near 
 the call synchronised. `profile` prints cProfile's top entries for the fused calls; `torchprof`
 torch.profiler's self CPU time per op (and CUDA runtime call) over three ResNet-50 steps;
 `blockprof` the same over five forward+backward calls of each headline block, fused and eager;
-`kernels` the GPU time per kernel over two steps of the fused model with and without the block
+`evalhost` the eval call of each headline block
+against the ops it ends in (with `profile`, its cProfile); `kernels` the GPU time per kernel over two steps of the fused model with and without the block
 tails fused. `streams` / `resgrad` add to `resnet` a fused model whose steps run with the
 convolution's backward on two streams / the residual's gradient in its own pass (instead of the
 model without fused tails). bs=N (repeatable) sets the ResNet-50 batch sizes (default 64 and 128; `kernels` takes
@@ -80,6 +81,44 @@ def blocks(do_profile: bool) -> None:
         for kind, ((hf, gf), (he, ge)) in rows.items():
             print(f"| {shape}->{k} {dt} {lay} | {kind} | {hf:.3f} / {gf:.3f} | {he:.3f} / {ge:.3f} |", flush=True)
         del x, xg, eager, fused, gy
+        torch.cuda.empty_cache()
+
+
+def eval_host(do_profile: bool) -> None:
+    """Eval (no_grad) host / GPU ms of one call per headline block: the fused module with each
+    eval_impl, the bare ops it ends in (conv_bias_relu impl 0 / 1 on the cached folded weights),
+    F.conv2d alone and the eager Sequential; then cProfile of the fused module's eval calls."""
+    import torch.nn.functional as F
+
+    from cudadoctor_ops import conv_bn_relu as M
+
+    print("| block | call | host / gpu ms |")
+    print("|---|---|---|")
+    for shape, k, st, dt, lay in B.HEADLINE:
+        x, eager, fused = B._blocks(shape, k, st, B._DT[dt], lay)
+        eager.eval()
+        fused.eval()
+        name = f"{shape}->{k} {dt} {lay}"
+        with torch.no_grad():
+            rows = []
+            for impl in ("auto", "cudnn", "epilogue"):
+                fused.eval_impl = impl
+                rows.append((f"fused eval_impl={impl}", host_gpu(lambda: fused(x), 5)))
+            fused.eval_impl = "auto"
+            fused(x)
+            c = fused._fold_cache
+            args = (fused.conv.stride, fused.conv.padding, fused.conv.dilation, fused.conv.groups)
+            rows.append(("tuned choice " + str(c.choice[1] if c.choice else None), (0.0, 0.0)))
+            for impl in (0, 1):
+                rows.append((f"op conv_bias_relu impl {impl}",
+                             host_gpu(lambda impl=impl: M._eval_op(x, c.weight, c.bias, *args, impl), 5)))
+            rows.append(("F.conv2d", host_gpu(lambda: F.conv2d(x, c.weight, c.bias, *args), 5)))
+            rows.append(("eager Sequential", host_gpu(lambda: eager(x), 5)))
+            for label, (h, g) in rows:
+                print(f"| {name} | {label} | {h:.4f} / {g:.4f} |", flush=True)
+            if do_profile:
+                print(f"\n### cProfile fused eval {name} (30 calls)\n```\n{profile(lambda: fused(x))}```\n")
+        del x, eager, fused
         torch.cuda.empty_cache()
 
 
@@ -262,6 +301,8 @@ def main(argv) -> int:
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
     if "blocks" in parts:
         blocks("profile" in parts)
+    if "evalhost" in parts:
+        eval_host("profile" in parts)
     if "resnet" in parts:
         resnet(tuple(bs) or (64, 128), do_profile="profile" in parts,
                variants=[VARIANTS[p] for p in sorted(parts & set(VARIANTS))])
