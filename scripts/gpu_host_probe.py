@@ -84,13 +84,29 @@ def blocks(do_profile: bool) -> None:
         torch.cuda.empty_cache()
 
 
+def loop_host_us(fn, n: int = 200) -> float:
+    """Host microseconds per call of fn in a loop of n calls issued while the GPU runs a sleep
+    kernel longer than the loop (steady state: warm caches, no waiting on the GPU)."""
+    fn()
+    torch.cuda.synchronize()
+    B.gpu_sleep(n * 0.5)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / n * 1e6
+
+
 def eval_host(do_profile: bool) -> None:
     """Eval (no_grad) host / GPU ms of one call per headline block: the fused module with each
     eval_impl, the bare ops it ends in (conv_bias_relu impl 0 / 1 on the cached folded weights),
     F.conv2d alone and the eager Sequential; then cProfile of the fused module's eval calls."""
+    import importlib
+
     import torch.nn.functional as F
 
-    from cudadoctor_ops import conv_bn_relu as M
+    M = importlib.import_module("cudadoctor_ops.conv_bn_relu")  # the module, not the function
 
     print("| block | call | host / gpu ms |")
     print("|---|---|---|")
@@ -116,6 +132,16 @@ def eval_host(do_profile: bool) -> None:
             rows.append(("eager Sequential", host_gpu(lambda: eager(x), 5)))
             for label, (h, g) in rows:
                 print(f"| {name} | {label} | {h:.4f} / {g:.4f} |", flush=True)
+            loops = [("fused", lambda: fused(x)),
+                     ("op impl 0", lambda: M._eval_op(x, c.weight, c.bias, *args, 0)),
+                     ("F.conv2d", lambda: F.conv2d(x, c.weight, c.bias, *args)),
+                     ("eager", lambda: eager(x))]
+            us = {label: [] for label, _ in loops}
+            for _ in range(3):  # interleaved rounds, best kept
+                for label, fn in loops:
+                    us[label].append(loop_host_us(fn))
+            print(f"| {name} | host us per call in a loop of 200 (GPU held): "
+                  + ", ".join(f"{label} {min(v):.1f}" for label, v in us.items()) + " |", flush=True)
             if do_profile:
                 print(f"\n### cProfile fused eval {name} (30 calls)\n```\n{profile(lambda: fused(x))}```\n")
         del x, eager, fused

@@ -1296,6 +1296,79 @@ def test_eval_matches_torch(case, dtype, layout, impl, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("impl", ["auto", "epilogue"])
+def test_eval_fast_path_follows_every_change(impl, device, monkeypatch):
+    """A repeated eval call goes straight to the op on the cached fold (_EvalFast), and every
+    change that could alter its result sends it back through the full path: in-place updates,
+    replaced parameters and storages, eps, a training step (whose kernels update the running
+    statistics without bumping their versions), another input shape or layout, grad mode,
+    autocast and the module's eval_impl."""
+    import importlib
+
+    cbr = importlib.import_module("cudadoctor_ops.conv_bn_relu")
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # float32 tolerances, both sides
+    case = (2, 8, 10, 10, 16, 3, 1, 1, 1, 1, True)
+    x, conv, bn = _make(case, torch.float32, "channels_last", device)
+    fused = ConvBNReLU2d.from_modules(conv, bn, eval_impl=impl).eval()
+    cache = fused._fold_cache
+
+    def check(inp=None, fast_after=True):
+        inp = x if inp is None else inp
+        with torch.no_grad():
+            ref = _eager(inp, conv, bn.eval())
+            out = fused(inp)
+        assert out.shape == ref.shape and _rel_err(out, ref) <= 2 * TOL[torch.float32]
+        if fast_after is not None:
+            assert (cache.fast is not None) == fast_after
+        return out
+
+    first = check()
+    fast = cache.fast
+    with torch.no_grad():
+        again = fused(x)
+    assert cache.fast is fast and torch.equal(again, first)  # the fast path, same bits
+    with torch.no_grad():
+        bn.running_var.mul_(2.0)  # in place: a version bump
+    check()
+    assert cache.fast is not fast
+    bn.weight = nn.Parameter(bn.weight.detach() * 0.5)  # a replaced parameter
+    check()
+    with torch.no_grad():
+        conv.bias.data = conv.bias.detach() + 1.0  # a replaced storage, same Parameter object
+    check()
+    bn.eps = 0.5
+    check()
+    conv.bias = None  # a removed parameter
+    check()
+    # a training step: the fused kernels update the running statistics in place
+    fused.train()
+    fused(x.clone().requires_grad_()).sum().backward()
+    fused.eval()
+    check()
+    # other inputs: a layout, a batch size (each a new cached state, not the previous one)
+    before = cache.fast
+    # (a contiguous input may be tuned to a variant that converts it, which takes the full path)
+    check(x.contiguous(), fast_after=None if device == "cuda" and impl == "auto" else True)
+    assert cache.fast is not before
+    check()
+    before = cache.fast
+    check(x[:1].contiguous(memory_format=torch.channels_last))
+    assert cache.fast is not before
+    check()
+    # grad mode with parameters that require grad: the differentiable path, nothing cached
+    out = fused(x)
+    assert out.requires_grad and cache.fast is None
+    check()
+    if device == "cuda":  # autocast: the full path, the autocast dtype
+        with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
+            assert fused(x).dtype == torch.bfloat16
+        check()
+    fused.eval_impl = "epilogue" if impl == "auto" else "cudnn"
+    check()
+    assert cache.fast.impl == cbr.EVAL_IMPLS[fused.eval_impl]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_eval_gradients(layout, device):
     case = CASES[0]
