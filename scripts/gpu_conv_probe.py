@@ -38,17 +38,11 @@ def case(shape, k, dtype, cl, bench_mode):
 
 def graphed(fn):
     """Median replay time of a CUDA graph of fn (GPU time only; the algorithm is chosen in the
-    warm-up calls before the capture)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return bench(g.replay)
+    warm-up calls before the capture): bench_cbr.graph_ms with this script's timer."""
+    from cudadoctor_ops.bench_cbr import graph_ms
+
+    t = graph_ms(bench, fn)
+    return float("nan") if t is None else t
 
 
 def main() -> int:

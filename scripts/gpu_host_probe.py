@@ -87,15 +87,9 @@ def blocks(do_profile: bool) -> None:
 def loop_host_us(fn, n: int = 200) -> float:
     """Host microseconds per call of fn in a loop of n calls issued while the GPU runs a sleep
     kernel longer than the loop (steady state: warm caches, no waiting on the GPU)."""
-    fn()
-    torch.cuda.synchronize()
-    B.gpu_sleep(n * 0.5)
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / n * 1e6
+    from gpu_profile import host_us  # scripts/ is sys.path[0] when run as a script
+
+    return host_us(fn, n, hold_ms=n * 0.5)
 
 
 def eval_host(do_profile: bool) -> None:

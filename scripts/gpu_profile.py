@@ -42,9 +42,13 @@ def gpu_ms(fn, reps: int = 50) -> float:
     return v[len(v) // 2]
 
 
-def host_us(fn, reps: int = 200) -> float:
+def host_us(fn, reps: int = 200, hold_ms: float = 0.0) -> float:
+    """Host microseconds per call over reps calls without a sync; hold_ms > 0 queues a sleep
+    kernel of that many ms first, so that no call waits on the GPU (steady-state host time)."""
     fn()
     torch.cuda.synchronize()
+    if hold_ms > 0:
+        torch.cuda._sleep(int(hold_ms * 2_000_000))  # about 2M cycles per ms (conv_bn_relu's tuner)
     t0 = time.perf_counter()
     for _ in range(reps):
         fn()
