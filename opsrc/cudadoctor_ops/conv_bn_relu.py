@@ -468,15 +468,15 @@ def _hmma_shape(input: Tensor, weight: Tensor, conv_args: tuple) -> bool:
     )
 
 
+# conv_bias_relu's impl of the variants that call it on the input as given (the "channels_last
+# inside" ones convert around it, and a repeated call of theirs takes the full path)
+_VARIANT_IMPL = {"cudnn": 0, "epilogue": 1, "tf32": 2, "hmma": 3}
+
+
 def _run_variant(name: str, input: Tensor, cache: "_FoldCache", conv_args: tuple) -> Tensor:
-    if name == "cudnn":
-        return _eval_op(input, cache.weight, cache.bias, *conv_args, 0)
-    if name == "epilogue":
-        return _eval_op(input, cache.weight, cache.bias, *conv_args, 1)
-    if name == "tf32":
-        return _eval_op(input, cache.weight, cache.bias, *conv_args, 2)
-    if name == "hmma":
-        return _eval_op(input, cache.weight, cache.bias, *conv_args, 3)
+    impl = _VARIANT_IMPL.get(name)
+    if impl is not None:
+        return _eval_op(input, cache.weight, cache.bias, *conv_args, impl)
     if cache.weight_cl is None:
         cache.weight_cl = cache.weight.contiguous(memory_format=torch.channels_last)
     impl = 0 if name.startswith("cudnn") else 1
@@ -547,11 +547,6 @@ def _padded(conv: nn.Conv2d, input: Tensor) -> tuple[Tensor, object]:
         input = F.pad(input, conv._reversed_padding_repeated_twice, mode=conv.padding_mode)
         padding = (0, 0)
     return input, padding
-
-
-# conv_bias_relu's impl of the tuned variants that call it on the input as given (the
-# "channels_last inside" ones convert around it and take the full path)
-_VARIANT_IMPL = {"cudnn": 0, "epilogue": 1, "tf32": 2, "hmma": 3}
 
 
 class _NoTensor:
