@@ -10,9 +10,9 @@ host time exceeds its GPU time is host-bound in an eager loop; a host time near 
 the call synchronised. `profile` prints cProfile's top entries for the fused calls; `torchprof`
 torch.profiler's self CPU time per op (and CUDA runtime call) over three ResNet-50 steps;
 `blockprof` the same over five forward+backward calls of each headline block, fused and eager;
-`evalhost` the eval call of each headline block
-against the ops it ends in (with `profile`, its cProfile); `kernels` the GPU time per kernel over two steps of the fused model with and without the block
-tails fused. `streams` / `resgrad` add to `resnet` a fused model whose steps run with the
+`evalhost` the eval call of each headline block against the ops it ends in (with `profile`, its
+cProfile); `kernels` the GPU time per kernel over two steps of the fused model with and without
+the block tails fused. `streams` / `resgrad` add to `resnet` a fused model whose steps run with the
 convolution's backward on two streams / the residual's gradient in its own pass (instead of the
 model without fused tails). bs=N (repeatable) sets the ResNet-50 batch sizes (default 64 and 128; `kernels` takes
 the first, default 128).
@@ -118,7 +118,6 @@ def eval_host(do_profile: bool) -> None:
             fused(x)
             c = fused._fold_cache
             args = (fused.conv.stride, fused.conv.padding, fused.conv.dilation, fused.conv.groups)
-            rows.append(("tuned choice " + str(c.choice[1] if c.choice else None), (0.0, 0.0)))
             for impl in (0, 1):
                 rows.append((f"op conv_bias_relu impl {impl}",
                              host_gpu(lambda impl=impl: M._eval_op(x, c.weight, c.bias, *args, impl), 5)))
@@ -126,6 +125,7 @@ def eval_host(do_profile: bool) -> None:
             rows.append(("eager Sequential", host_gpu(lambda: eager(x), 5)))
             for label, (h, g) in rows:
                 print(f"| {name} | {label} | {h:.4f} / {g:.4f} |", flush=True)
+            print(f"| {name} | tuned choice: {c.choice[1] if c.choice else None} | |")
             loops = [("fused", lambda: fused(x)),
                      ("op impl 0", lambda: M._eval_op(x, c.weight, c.bias, *args, 0)),
                      ("F.conv2d", lambda: F.conv2d(x, c.weight, c.bias, *args)),

@@ -48,7 +48,9 @@ def host_us(fn, reps: int = 200, hold_ms: float = 0.0) -> float:
     fn()
     torch.cuda.synchronize()
     if hold_ms > 0:
-        torch.cuda._sleep(int(hold_ms * 2_000_000))  # about 2M cycles per ms (conv_bn_relu's tuner)
+        from cudadoctor_ops.bench_cbr import gpu_sleep
+
+        gpu_sleep(hold_ms)
     t0 = time.perf_counter()
     for _ in range(reps):
         fn()
