@@ -32,6 +32,17 @@
     dw   depthwise channels_last forward (CUDADOCTOR_OPS_DW_V4*, against impl=nhwc_v3 and v2)
     dwb  depthwise channels_last backward dX + dW (CUDADOCTOR_OPS_DW_WGRAD_SMEM=0 / 1; CUDADOCTOR_OPS_DW_WGRAD_V1 /
          _DGRAD_V1 / _V4)
+    dw7  depthwise channels-last 3x3 stride-1 layers on 7x7 planes (and two 14x14 ones, which
+         configuration 5 leaves alone), forward and backward (dX + dW), the automatic choice:
+         default (configuration 5, the wave planner, on 7x7 planes) against
+         CUDADOCTOR_OPS_DW_V4_CFG=1 (the choice before it there) and =4, and against
+         CUDADOCTOR_OPS_DW_V4_WAVE_CB=18 / 9 (blocks of 18 / 9 channel vectors where balanced);
+         default and CFG=1 twice, interleaved
+    dw7q the same layers, default against CUDADOCTOR_OPS_DW_V4_CFG=1 only, each twice, interleaved
+    cbrtf Conv+BN+ReLU training forward, eager and CUDA-graph replay, on the fp16 (32,64,56,56)
+         block and BatchNorm's forward on the same tensor: default (396 register-only splits)
+         against CUDADOCTOR_OPS_BN_NHWC_TILE_STASH_FIRST=1 with _SPLITS=132 / 264 (the stash grid
+         of one / two blocks per SM), each twice, interleaved
     dwb4 the same backward, default against CUDADOCTOR_OPS_DW_V4_CFG=4 (the stride-1 input gradient
          runs the forward kernel on the flipped filter, here with groups of 7 columns)
     dwn  depthwise float32 NCHW forward and backward (dX + dW) on the issue's target shapes
@@ -133,6 +144,17 @@ DWB_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_WGRAD_SMEM": "0"}, {"CUDADOCTOR_OPS_DW_W
                 {"CUDADOCTOR_OPS_DW_WGRAD_V1": "1", "CUDADOCTOR_OPS_DW_DGRAD_V1": "1", "CUDADOCTOR_OPS_DW_V4": "0"}]
 
 DWB4_SETTINGS = [{}, {"CUDADOCTOR_OPS_DW_V4_CFG": "4"}]
+DW7_LAYERS = [(64, 960, 7, 7), (64, 1152, 7, 7), (32, 1152, 7, 7), (128, 960, 7, 7), (64, 384, 7, 7),
+              (64, 384, 14, 14), (64, 576, 14, 14)]
+_C1 = {"CUDADOCTOR_OPS_DW_V4_CFG": "1"}
+DW7_SETTINGS = [{}, _C1, {"CUDADOCTOR_OPS_DW_V4_CFG": "4"}, {"CUDADOCTOR_OPS_DW_V4_WAVE_CB": "18"},
+                {"CUDADOCTOR_OPS_DW_V4_WAVE_CB": "9"}, {}, _C1]
+DW7Q_SETTINGS = [{}, _C1, {}, _C1]
+_SF = {"CUDADOCTOR_OPS_BN_NHWC_TILE_STASH_FIRST": "1"}
+CBRTF_SETTINGS = [{}, {**_SF, "CUDADOCTOR_OPS_BN_NHWC_TILE_SPLITS": "132"},
+                  {**_SF, "CUDADOCTOR_OPS_BN_NHWC_TILE_SPLITS": "264"}, {},
+                  {**_SF, "CUDADOCTOR_OPS_BN_NHWC_TILE_SPLITS": "132"},
+                  {**_SF, "CUDADOCTOR_OPS_BN_NHWC_TILE_SPLITS": "264"}]
 # dwh / dwbh: the channels-last forward (automatic choice only) / backward, default (the hoisted
 # first kernel row by shape) against CUDADOCTOR_OPS_DW_V4_HOIST=0 and =1, each twice, interleaved
 _H0 = {"CUDADOCTOR_OPS_DW_V4_HOIST": "0"}
@@ -370,6 +392,49 @@ def _child(part: str) -> None:
                                              dl, timer, err, what))
                 del x, wt, g
                 torch.cuda.empty_cache()
+    elif part == "dw7":
+        for n, c, h, w_ in DW7_LAYERS:
+            for dt in (torch.float16, torch.bfloat16):
+                x = torch.randn(n, c, h, w_, device="cuda", dtype=dt).to(memory_format=torch.channels_last)
+                wt = torch.randn(c, 1, 3, 3, device="cuda", dtype=dt)
+                st, pd, dl = [1, 1], [1, 1], [1, 1]
+                ref = F.conv2d(x, wt, None, 1, 1, 1, c)
+                def f(x=x, wt=wt, st=st, pd=pd, dl=dl):
+                    return ops.depthwise_conv2d(x, wt, None, st, pd, dl)
+
+                def t(x=x, wt=wt, c=c):
+                    return F.conv2d(x, wt, None, 1, 1, 1, c)
+
+                name = f"dw fwd k3s1 {(n, c, h, w_)} {str(dt)[6:]}"
+                out.append([name, timer(f), timer(t), err(f(), ref) < 2e-2])
+                out.append(_dw_grad_rows(name.replace("fwd", "bwd"), torch.randn_like(ref), x, wt, st,
+                                         pd, dl, timer, err, "bwd"))
+                del x, wt, ref
+                torch.cuda.empty_cache()
+    elif part == "cbrtf":
+        from cudadoctor_ops.bench_cbr import graph_ms
+
+        for shape, k, dts, fused, ref, x, xg, g, e in _cbr_blocks(CBR_CASES[:1], err):
+            fwd_o, fwd_r = (lambda: fused(x)), (lambda: ref(x))  # noqa: B023 - called in this iteration
+            name = f"cbr train fwd {shape}->{k} {dts} nhwc"
+            out.append([name, timer(fwd_o), timer(fwd_r), e < 2e-2])
+            out.append([name + " (graph)", graph_ms(timer, fwd_o) or float("nan"),
+                        graph_ms(timer, fwd_r) or float("nan"), e < 2e-2])
+            y = ref[0](x).detach()
+            c = y.shape[1]
+            w = torch.rand(c, device="cuda") + 0.5
+            b = torch.randn(c, device="cuda")
+            rm, rv = torch.zeros(c, device="cuda"), torch.ones(c, device="cuda")
+            rm2, rv2 = rm.clone(), rv.clone()
+            def bo(y=y, rm=rm, rv=rv, w=w, b=b):
+                return cudadoctor_ops.batch_norm(y, rm, rv, w, b, True, 0.1, 1e-5)
+
+            def bt(y=y, rm=rm2, rv=rv2, w=w, b=b):
+                return F.batch_norm(y, rm, rv, w, b, True, 0.1, 1e-5)
+
+            out.append([f"bn train fwd {tuple(y.shape)} {dts} nhwc (graph)",
+                        graph_ms(timer, bo) or float("nan"), graph_ms(timer, bt) or float("nan"),
+                        err(bo(), bt()) < 2e-2])
     elif part in ("dw", "dwa", "dwb", "dww"):
         for _, n, c, h, w_, k, s in MOBILE_LAYERS:
             for dt in (torch.float16, torch.bfloat16):
@@ -427,10 +492,10 @@ def main(argv: list[str]) -> int:
                     "cbr": CBR_SETTINGS, "cbrb": CBRB_SETTINGS, "cbrs": CBRS_SETTINGS, "cbrst": CBRST_SETTINGS,
                     "dw": DW_SETTINGS, "dwn": DWN_SETTINGS, "dwn4": DWN4_SETTINGS,
                     "dwb": DWB_SETTINGS, "dwb4": DWB4_SETTINGS, "dww": DWW_SETTINGS,
-                    "dwh": DWH_SETTINGS, "dwbh": DWBH_SETTINGS,
+                    "dwh": DWH_SETTINGS, "dwbh": DWBH_SETTINGS, "dw7": DW7_SETTINGS, "dw7q": DW7Q_SETTINGS, "cbrtf": CBRTF_SETTINGS,
                     "dwsh": DWSH_SETTINGS, "dwv3": DWV3_SETTINGS,
                     "dwv3q": DWV3Q_SETTINGS, "dwv5": DWV5_SETTINGS, "hmma": HMMA_SETTINGS}[part]
-        child = {"dwb4": "dwb", "dwn4": "dwn", "dwh": "dwa", "dwbh": "dwb", "dwv3q": "dwv3"}.get(part, part)
+        child = {"dwb4": "dwb", "dwn4": "dwn", "dwh": "dwa", "dwbh": "dwb", "dwv3q": "dwv3", "dw7q": "dw7"}.get(part, part)
         results = [(_label(env), _run(child, env)) for env in settings]
         results = [(lab, r) for lab, r in results if r]
         if not results:

@@ -33,6 +33,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "depthwise.cuh"
 #include "env_setting.h"
@@ -250,8 +253,9 @@ __global__ void __launch_bounds__(NT, MINB)
 // ---------------------------------------------------------------------------
 // Host side.
 //
-// Configurations, forced at run time by CUDADOCTOR_OPS_DW_V4_CFG=0..4 (read once). Unset
-// (or anything else): 4 for 3x3 and 5x5 at stride 1 with output rows of 14, 21 or 28; else 3
+// Configurations, forced at run time by CUDADOCTOR_OPS_DW_V4_CFG=0..5 (read once). Unset
+// (or anything else): 5 for 3x3 at stride 1 with output rows of 7 where configuration 1's grid
+// takes more than one wave of resident blocks; 4 for 3x3 and 5x5 at stride 1 with output rows of 14, 21 or 28; else 3
 // for 3x3 with an output row of at least 14 and for 5x5 at stride 2; else 1 (the H200, batch-64
 // MobileNetV2 / EfficientNet-B0 layers in float16 / bfloat16, one run: 3 was 1.02-1.10x faster
 // than 1 on those, 1 up to 1.12x faster than 3 on 7x7 planes, 3x3 stride 2 to 7x7 and 5x5
@@ -279,6 +283,19 @@ __global__ void __launch_bounds__(NT, MINB)
 //                registers (3 blocks): fewer loads per output again, lower occupancy.
 //   4:           as 3 with RW = 7 at stride 1 (groups that tile rows of 7k pixels without a
 //                ragged last group); at stride 2 as 1.
+//   5:           3x3 at stride 1 (else the configuration chosen by shape): RW = 7, blocks of up
+//                to 256 threads at <= 128 registers (ptxas spills 8 bytes), the block shape from
+//                v4_plan_wave (the fewest waves; e.g. (64,1152,7,7): 256 blocks of 36 channel
+//                vectors x 7 rows, 2 per SM, where 1 runs about 1.5 waves and 4 (3 blocks per SM)
+//                1.45). H200, `scripts/gpu_variants.py dw7`, 2026-12-02, forward, us, two
+//                interleaved children each, 5 / 1 (torch's in the same children): (64,960,7,7)
+//                fp16 11.4, 11.9 / 12.4, 12.2 (12.3-12.9), bf16 11.4, 11.4 / 12.4, 12.4 (12.1-12.8);
+//                (64,1152,7,7) fp16 11.9, 11.9 / 12.9, 12.9 (12.8-13.5), bf16 12.3, 11.6 / 13.9,
+//                13.9 (15.3-16.1); (128,960,7,7) fp16 17.5, 18.2 / 18.6, 18.4. Slower where 1's
+//                grid is one wave, hence the wave test: (64,384,7,7) fp16 9.6, 9.0 / 8.8, 8.5, bf16
+//                8.8, 9.6 / 7.9, 7.9; (32,1152,7,7) fp16 10.0, 9.4 / 9.0, 9.4. The backward (dX +
+//                dW; dX is the smaller part) within noise either way. Blocks of 18 or 9 vectors
+//                (CUDADOCTOR_OPS_DW_V4_WAVE_CB) were no faster: (64,1152,7,7) fp16 12.4 / 13.3.
 // All use the same block-shape planner (v4_plan). Timed on the H200 and removed: 1 bounded at 80
 // registers (6 blocks per SM; nvcc 13.0 spills 32-40 bytes at 5x5 stride 1) took (64,240,28,28)
 // 5x5 fp16 from 43.6 to 49.8 us and was within noise or slower on the other 37 layers; 1 with
@@ -297,7 +314,7 @@ struct V4Rw {
 
 // The forced configuration, or -1 (choose by shape: v4_auto_cfg).
 int v4_cfg() {
-  static const int cfg = env_choice("CUDADOCTOR_OPS_DW_V4_CFG", {0, 1, 2, 3, 4}, -1);
+  static const int cfg = env_choice("CUDADOCTOR_OPS_DW_V4_CFG", {0, 1, 2, 3, 4, 5}, -1);
   return cfg;
 }
 
@@ -323,6 +340,7 @@ int v4_hoist_setting() {
 bool v4_auto_hoist(int K, int S, int Wo) { return K <= 5 && (S == 2 || (K == 3 && Wo >= 56)); }
 
 int v4_auto_cfg(int K, int S, int Wo) {
+  if (S == 1 && K == 3 && Wo == 7) return 5;
   if (S == 1 && K <= 5 && Wo % 7 == 0 && Wo >= 14 && Wo <= 28) return 4;
   if (K == 3 && Wo >= 14) return 3;
   if (K == 5 && S == 2) return 3;
@@ -421,6 +439,130 @@ bool v4_plan(const FastShape& s, int K, int S, int RW, int NT, V4Args& a, int& t
   return blocks < (int64_t(1) << 31) && threads <= NT && smem <= 48 * 1024;
 }
 
+// Block shape of configuration 5 (see V4Rw::seven and run_nhwc_v4_wave): the shape whose grid
+// takes the fewest waves of resident blocks. Among the balanced shapes (channel chunks, column
+// groups and row tiles of equal size, or one smaller) of at most NT lanes, with at least
+// min(C/8, 4) channel vectors per block so that a warp's loads stay coalesced, the key is, in
+// order: waves = ceil(blocks / (resident blocks per SM x SMs)); the warps of the most loaded SM
+// (ceil(blocks / SMs) x warps per block); the input vectors the blocks fetch (their footprints,
+// clipped to the image); the most channel vectors per block. Resident blocks come from the occupancy calculator for `kernel` at each
+// block size and its shared memory. Small layers are what this is for: a 7x7-plane layer of
+// 64 x 1152 channels is 2016 full warps of 7-output rows, about 15 per SM, so one wave needs 4
+// blocks of 4 warps (or 2 of 8) per SM; v4_plan's model, which does not count waves, took 576
+// blocks of 4 warps at 3 per SM (1.45 waves) in configuration 4.
+// CUDADOCTOR_OPS_DW_V4_WAVE_CB=n: only shapes of n channel vectors per block where one is
+// balanced (n = ceil(C/8 / ceil(C/8 / n))), else the planner's choice (read once).
+int v4_wave_cb() {
+  static const int v = env_positive_int("CUDADOCTOR_OPS_DW_V4_WAVE_CB", 256);
+  return v;
+}
+
+bool v4_plan_wave(const FastShape& s, int K, int S, int RW, int NT, const void* kernel, V4Args& a,
+                  int& threads, int64_t& blocks, size_t& smem, int only_cb = 0) {
+  const int CV = s.C / kV4Vec;
+  const int groupsW = ceil_div(s.Wo, RW);
+  const int64_t sms = current_sm_count();
+  const int cb_lo = std::min(CV, 4);
+  const int cb_hi = std::min(CV, NT);
+  bool found = false;
+  int64_t bw = 0, bl = 0, bf = 0;  // best waves, load, footprint
+  for (int cb = cb_lo; cb <= cb_hi; ++cb) {
+    const int nCh = ceil_div(CV, cb);
+    const int CB = ceil_div(CV, nCh);
+    if (CB != cb) continue;  // visited as its balanced value
+    if (only_cb > 0 && CB != only_cb) continue;
+    const size_t sm = (static_cast<size_t>(CB) * v4_wstride_host(K) +
+                       static_cast<size_t>(CB) * kV4Vec) * sizeof(float);
+    if (sm > 48 * 1024) break;  // grows with cb
+    const int P = NT / CB;
+    for (int gx = 1; gx <= groupsW && gx <= P; ++gx) {
+      const int nTx = ceil_div(groupsW, gx);
+      if (ceil_div(groupsW, nTx) != gx) continue;
+      for (int gy = 1; gy <= s.Ho && gx * gy <= P; ++gy) {
+        const int nTy = ceil_div(s.Ho, gy);
+        if (ceil_div(s.Ho, nTy) != gy) continue;
+        const int thr = ceil_div(CB * gx * gy, 32) * 32;
+        const int occ = resident_blocks_per_sm(kernel, thr, sm);
+        if (occ < 1) continue;
+        const int64_t nb = static_cast<int64_t>(s.N) * nCh * nTx * nTy;
+        const int64_t waves = (nb + occ * sms - 1) / (occ * sms);
+        const int64_t load = (nb + sms - 1) / sms * (thr / 32);
+        const int64_t rows_in = std::min((gy - 1) * S + K, s.H);
+        const int64_t cols_in = std::min((gx * RW - 1) * S + K, s.W);
+        const int64_t foot = nb * rows_in * cols_in * CB;
+        // ties: the larger CB (fewer, longer segments per warp load), which comes later
+        const bool better =
+            !found || waves < bw ||
+            (waves == bw && (load < bl || (load == bl && foot <= bf)));
+        if (better) {
+          found = true;
+          bw = waves;
+          bl = load;
+          bf = foot;
+          a.CB = CB;
+          a.nCh = nCh;
+          a.GX = gx;
+          a.GY = gy;
+          a.nTx = nTx;
+          a.nTy = nTy;
+          threads = thr;
+          blocks = nb;
+          smem = sm;
+        }
+      }
+    }
+  }
+  if (!found) return only_cb > 0 && v4_plan_wave(s, K, S, RW, NT, kernel, a, threads, blocks, smem);
+  a.C = s.C;
+  a.H = s.H;
+  a.W = s.W;
+  a.Ho = s.Ho;
+  a.Wo = s.Wo;
+  a.PH = s.PH;
+  a.PW = s.PW;
+  return blocks < (int64_t(1) << 31);
+}
+
+// v4_plan_wave runs the occupancy calculator for each candidate shape: its plans are kept per
+// device and shape (at most kV4WaveCache of them; past that, planned on every call).
+struct V4WavePlan {
+  V4Args a;
+  int threads;
+  int64_t blocks;
+  size_t smem;
+};
+constexpr size_t kV4WaveCache = 4096;
+
+bool v4_plan_wave_cached(const FastShape& s, int K, int S, int RW, int NT, const void* kernel,
+                         V4Args& a, int& threads, int64_t& blocks, size_t& smem) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, const void*, int64_t, int, int, int, int, int, int, int>,
+                  V4WavePlan>
+      cache;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    dev = -1;
+  }
+  const auto key = std::make_tuple(dev, kernel, static_cast<int64_t>(s.N), s.C, s.H, s.W, s.Ho,
+                                   s.Wo, s.PH, s.PW);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache.find(key);
+    if (it != cache.end()) {
+      a = it->second.a;
+      threads = it->second.threads;
+      blocks = it->second.blocks;
+      smem = it->second.smem;
+      return true;
+    }
+  }
+  if (!v4_plan_wave(s, K, S, RW, NT, kernel, a, threads, blocks, smem, v4_wave_cb())) return false;
+  std::lock_guard<std::mutex> lock(mu);
+  if (cache.size() < kV4WaveCache) cache.emplace(key, V4WavePlan{a, threads, blocks, smem});
+  return true;
+}
+
 // The kernel forms input offsets (iy*W + ix)*C + c and output offsets
 // (oy*Wo + ox)*C + c in 32-bit arithmetic, for rows and columns up to a kernel
 // extent outside the image: the padded planes must stay below 2^31 elements.
@@ -455,20 +597,70 @@ bool run_nhwc_v4(const void* in, const void* w, const void* bias, void* out,
   return true;
 }
 
+// Configuration 5: the wave planner above, groups of RW columns, blocks of up to NT threads at
+// MINB blocks per SM (the register cap: 65536 / (NT * MINB)).
+template <typename T, int K, int S, int RW, int NT, int MINB>
+bool run_nhwc_v4_wave(const void* in, const void* w, const void* bias, void* out,
+                      const FastShape& s, bool flip, cudaStream_t stream) {
+  const int hs = v4_hoist_setting();
+  const bool hoist = hs >= 0 ? hs == 1 : v4_auto_hoist(K, S, s.Wo);
+  auto kernel = hoist ? fwd_nhwc_v4<T, K, S, RW, NT, MINB, true>
+                      : fwd_nhwc_v4<T, K, S, RW, NT, MINB, false>;
+  V4Args a;
+  int threads = 0;
+  int64_t blocks = 0;
+  size_t smem = 0;
+  if (!v4_plan_wave_cached(s, K, S, RW, NT, reinterpret_cast<const void*>(kernel), a, threads,
+                           blocks, smem))
+    return false;
+  a.flip = flip;
+  a.wvec = (reinterpret_cast<uintptr_t>(w) & 15u) == 0;
+  kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(
+      static_cast<const T*>(in), static_cast<const T*>(w), static_cast<const T*>(bias),
+      static_cast<T*>(out), a);
+  return true;
+}
+
+// Whether v4_plan's grid for configuration (RW, NT, MINB) fits one wave of resident blocks.
+template <typename T, int K, int S, int RW, int NT, int MINB>
+bool v4_one_wave(const FastShape& s) {
+  V4Args a;
+  int threads = 0;
+  int64_t blocks = 0;
+  size_t smem = 0;
+  if (!v4_plan(s, K, S, RW, NT, a, threads, blocks, smem)) return false;
+  const int hs = v4_hoist_setting();
+  const bool hoist = hs >= 0 ? hs == 1 : v4_auto_hoist(K, S, s.Wo);
+  const void* kernel = hoist ? reinterpret_cast<const void*>(fwd_nhwc_v4<T, K, S, RW, NT, MINB, true>)
+                             : reinterpret_cast<const void*>(fwd_nhwc_v4<T, K, S, RW, NT, MINB, false>);
+  const int occ = resident_blocks_per_sm(kernel, threads, smem);
+  return occ > 0 && blocks <= static_cast<int64_t>(occ) * current_sm_count();
+}
+
 template <typename T, int K, int S>
 bool run_nhwc_v4_cfg(const void* in, const void* w, const void* bias, void* out,
                      const FastShape& s, bool flip, cudaStream_t stream) {
   constexpr int RWA = V4Rw<K, S>::narrow;
   constexpr int RWB = V4Rw<K, S>::wide;
   constexpr int RWC = V4Rw<K, S>::widest;
-  const int forced = v4_cfg();
-  switch (forced >= 0 ? forced : v4_auto_cfg(K, S, s.Wo)) {
+  int cfg = v4_cfg();
+  const bool forced = cfg >= 0;
+  if (!forced || (cfg == 5 && !(K == 3 && S == 1))) cfg = v4_auto_cfg(K, S, s.Wo);
+  // by shape, configuration 5 only where configuration 1's grid takes more than one wave
+  if (!forced && cfg == 5 && v4_one_wave<T, K, S, RWB, 128, 5>(s)) cfg = 1;
+  switch (cfg) {
     case 0:
       return run_nhwc_v4<T, K, S, RWA, 128, 8>(in, w, bias, out, s, flip, stream);
     case 2:
       return run_nhwc_v4<T, K, S, RWA, 256, 4>(in, w, bias, out, s, flip, stream);
     case 3:
       return run_nhwc_v4<T, K, S, RWC, 128, 3>(in, w, bias, out, s, flip, stream);
+    case 5:
+      if constexpr (K == 3 && S == 1) {
+        return run_nhwc_v4_wave<T, K, S, V4Rw<K, S>::seven, 256, 2>(in, w, bias, out, s, flip,
+                                                                   stream);
+      }
+      [[fallthrough]];
     case 4:
       if constexpr (S == 1) {
         return run_nhwc_v4<T, K, S, V4Rw<K, S>::seven, 128, 3>(in, w, bias, out, s, flip,

@@ -176,6 +176,10 @@ def _depthwise_cases():
         # and a second channel group 8 channels wide
         _dw_case("bwd_3x3_channels_last_fp16_wgrad_images", 64, 288, 7, 7, 3, backward=True,
                  dtype=torch.float16, channels_last=True),
+        # 3x3 stride 1 on 7x7 planes of 64 x 960 channels: the forward and, on the flipped filter,
+        # the input gradient on nhwc_v4's configuration 5 (blocks from the wave planner)
+        _dw_case("bwd_3x3_channels_last_fp16_7x7_one_wave", 64, 960, 7, 7, 3, backward=True,
+                 dtype=torch.float16, channels_last=True),
         _dw_case("bwd_3x3_channels_last_bf16_wgrad_two_bands", 2, 64, 28, 28, 3, backward=True,
                  dtype=torch.bfloat16, channels_last=True),
         _dw_case("bwd_5x5_channels_last_fp16_wgrad_smem", 3, 40, 14, 14, 5, backward=True,

@@ -17,7 +17,7 @@ ones, ``impl="v2"`` on the second-generation ones, ``impl="nhwc_v3"`` runs the c
 forward on the third-generation kernel (shared-memory tiles staged with cp.async) for every fast
 dtype, float32 included, and ``impl="nhwc_v4"`` on the fourth-generation direct kernel (no input
 staging; float16/bfloat16 only, what ``"auto"`` tries first for those dtypes unless
-``CUDADOCTOR_OPS_DW_V4=0``; its block shape from ``CUDADOCTOR_OPS_DW_V4_CFG=0..4`` and
+``CUDADOCTOR_OPS_DW_V4=0``; its block shape from ``CUDADOCTOR_OPS_DW_V4_CFG=0..5`` and
 whether a thread loads its first kernel row before the weight barrier from
 ``CUDADOCTOR_OPS_DW_V4_HOIST=0/1``, both by default by shape), so that they can be timed in one
 run. The stride-1 input gradient runs a forward kernel on the flipped filter:

@@ -784,6 +784,8 @@ def _v4_pads(k, h, w):
 def _v4_rw(k, s, cfg):
     """Outputs per thread along W of configuration cfg (mirrors V4Rw in depthwise_fwd_v4.cu)."""
     small = s == 1 and k <= 5
+    if cfg == 5 and k == 3 and s == 1:
+        return 7
     if cfg == 4:
         return 7 if s == 1 else _v4_rw(k, s, 1)
     if cfg == 1:
@@ -795,6 +797,8 @@ def _v4_rw(k, s, cfg):
 
 def _v4_auto_cfg(k, s, wo):
     """The configuration nhwc_v4 picks without CUDADOCTOR_OPS_DW_V4_CFG (mirrors v4_auto_cfg)."""
+    if s == 1 and k == 3 and wo == 7:
+        return 5
     if s == 1 and k <= 5 and wo % 7 == 0 and 14 <= wo <= 28:
         return 4
     if k == 3 and wo >= 14:
@@ -807,7 +811,7 @@ def _v4_auto_cfg(k, s, wo):
 def _v4_env_cfg():
     """CUDADOCTOR_OPS_DW_V4_CFG of this process, or None (choose by shape)."""
     v = os.environ.get("CUDADOCTOR_OPS_DW_V4_CFG", "")
-    return int(v) if v in ("0", "1", "2", "3", "4") else None
+    return int(v) if v in ("0", "1", "2", "3", "4", "5") else None
 
 
 def _v4_hoist(k, s, wo):
@@ -823,9 +827,11 @@ def _v4_kernel_tag(dtype, k, s, cfg, wo):
     """The template arguments of the fwd_nhwc_v4 instantiation that configuration cfg runs for
     output rows of wo pixels."""
     t = "c10::Half" if dtype == torch.float16 else "c10::BFloat16"
+    if cfg == 5 and not (k == 3 and s == 1):
+        cfg = _v4_auto_cfg(k, s, wo)  # configuration 5 is 3x3 stride 1 only
     if cfg == 4 and s != 1:
         cfg = 1  # configuration 4 is 1 at stride 2
-    nt, minb = {0: (128, 8), 1: (128, 5), 2: (256, 4), 3: (128, 3), 4: (128, 3)}[cfg]
+    nt, minb = {0: (128, 8), 1: (128, 5), 2: (256, 4), 3: (128, 3), 4: (128, 3), 5: (256, 2)}[cfg]
     hoist = "true" if _v4_hoist(k, s, wo) else "false"
     return f"fwd_nhwc_v4<{t}, {k}, {s}, {_v4_rw(k, s, cfg)}, {nt}, {minb}, {hoist}>"
 
@@ -938,6 +944,52 @@ def test_nhwc_v4_forward_large(dtype, case):
     n, c, h, w, k, s = case
     errs = _v4_forward_errors(dtype, k, s, h, w, c, n=n, pads=[k // 2])
     assert not errs, "\n".join(errs)
+
+
+# Configuration 5 (3x3 stride 1 on rows of 7 outputs by default): block shapes from the wave
+# planner, which depend on the batch and the channel count. Network layers at batch 64 and 128,
+# and channel counts whose vectors (C / 8) are prime or leave a ragged last chunk.
+V4_WAVE = [(64, 1152, 7, 7), (64, 960, 7, 7), (128, 960, 7, 7), (3, 136, 7, 7), (5, 8, 7, 7),
+           (64, 392, 7, 7), (1, 2048, 7, 7), (64, 184, 7, 9)]
+
+
+@needs_v4
+@pytest.mark.parametrize("case", V4_WAVE, ids=lambda t: "{}x{}x{}x{}".format(*t))
+@pytest.mark.parametrize("dtype", V4_DTYPES, ids=str)
+def test_nhwc_v4_wave_planned_layers_match_float64(dtype, case):
+    n, c, h, w = case
+    errs = _v4_forward_errors(dtype, 3, 1, h, w, c, n=n, pads=[1, 0] if w == 9 else [1])
+    errs += _v4_backward_errors(dtype, 3, h, w, c, n=n)
+    assert not errs, "\n".join(errs)
+
+
+@needs_v4
+@pytest.mark.parametrize("dtype", V4_DTYPES, ids=str)
+def test_nhwc_v4_wave_kernel_runs_on_7x7_planes(dtype):
+    """By default (or with CUDADOCTOR_OPS_DW_V4_CFG=5) a 3x3 stride-1 layer with rows of 7 outputs
+    whose configuration-1 grid takes more than one wave of blocks (64 x 960 channels: 840 blocks
+    of 128 threads, against at most 5 x 132 resident on an H200) runs configuration 5's kernel,
+    forward and input gradient; a smaller one (8 x 960: one wave on any GPU of 16 SMs or more) and
+    14x14 planes do not, unless configuration 5 is forced."""
+    if os.environ.get("CUDADOCTOR_OPS_DW_V4", "") == "0":
+        pytest.skip("CUDADOCTOR_OPS_DW_V4=0 keeps impl=auto off nhwc_v4 in this process")
+    cfg = _v4_env_cfg()
+    x, wt, b = _v3_tensors(64, 960, 7, 7, 3, dtype, True)
+    got = _cuda_kernel_names(lambda: depthwise_conv2d(x, wt, b, 1, 1))
+    if not any("fwd" in n for n in got):
+        pytest.skip(f"the profiler recorded no forward kernel (kernels seen: {got})")
+    wave = f"fwd_nhwc_v4<{'c10::Half' if dtype == torch.float16 else 'c10::BFloat16'}, 3, 1, 7, 256, 2,"
+    expect = cfg in (None, 5)
+    assert any(wave in n for n in got) == expect, (cfg, got)
+    xg = x.detach().requires_grad_(True)
+    out = depthwise_conv2d(xg, wt, b, 1, 1)
+    g = torch.randn_like(out)
+    got = _cuda_kernel_names(lambda: torch.autograd.grad(out, xg, g, retain_graph=True))
+    assert any(wave in n for n in got) == expect, ("input gradient", cfg, got)
+    for shape in ((8, 960, 7, 7), (8, 96, 14, 14)):
+        xs, wts, bs = _v3_tensors(*shape, 3, dtype, True)
+        got = _cuda_kernel_names(lambda: depthwise_conv2d(xs, wts, bs, 1, 1))  # noqa: B023
+        assert any(wave in n for n in got) == (cfg == 5), (shape, cfg, got)
 
 
 @needs_v4
@@ -1100,7 +1152,7 @@ def _run_child_env(code: str, env_extra: dict):
 
 
 @needs_v4
-@pytest.mark.parametrize("cfg", [0, 1, 2, 3, 4])
+@pytest.mark.parametrize("cfg", [0, 1, 2, 3, 4, 5])
 def test_nhwc_v4_every_config_in_subprocess(cfg):
     proc, report = _run_child_env(_V4_CHILD_SCRIPT, {"CUDADOCTOR_OPS_DW_V4_CFG": str(cfg)})
     assert proc.returncode >= 0, f"child killed by signal {-proc.returncode}:\n{report}"
