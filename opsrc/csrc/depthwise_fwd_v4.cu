@@ -48,7 +48,7 @@ constexpr int kV4Vec = 8;  // channels per thread (16 bytes of a 16-bit type)
 
 struct V4Args {
   int C, H, W, Ho, Wo, PH, PW;
-  int CB;        // channel vectors per block (<= kV4MaxCB)
+  int CB;        // channel vectors per block (<= kV4MaxCB in v4_plan; v4_plan_wave: up to 256)
   int nCh;       // channel chunks (blocks along C)
   int GX, GY;    // column groups (of RW outputs) and output rows per block
   int nTx, nTy;  // tiles along W and H
@@ -358,6 +358,27 @@ int gcd_int(int a, int b) {
   return a;
 }
 
+// The block shape (CB channel vectors x GX column groups x GY rows, nCh x nTx x nTy blocks per
+// image) and the layer's sizes, into a.
+void v4_set_tiles(V4Args& a, int CB, int nCh, int gx, int gy, int nTx, int nTy) {
+  a.CB = CB;
+  a.nCh = nCh;
+  a.GX = gx;
+  a.GY = gy;
+  a.nTx = nTx;
+  a.nTy = nTy;
+}
+
+void v4_set_sizes(V4Args& a, const FastShape& s) {
+  a.C = s.C;
+  a.H = s.H;
+  a.W = s.W;
+  a.Ho = s.Ho;
+  a.Wo = s.Wo;
+  a.PH = s.PH;
+  a.PW = s.PW;
+}
+
 // Block shape of one launch: CB channel vectors per block, GX column groups x
 // GY rows. Searches the balanced shapes (tiles along an axis of equal size,
 // or one smaller) that fit in NT threads and takes the one with the smallest
@@ -415,24 +436,13 @@ bool v4_plan(const FastShape& s, int K, int S, int RW, int NT, V4Args& a, int& t
       const double cost = (warps * K * warp_row + stage + miss) * nCh * nTx * nTy;
       if (best < 0 || cost < best) {
         best = cost;
-        a.CB = CB;
-        a.nCh = nCh;
-        a.GX = gx;
-        a.GY = gy;
-        a.nTx = nTx;
-        a.nTy = nTy;
+        v4_set_tiles(a, CB, nCh, gx, gy, nTx, nTy);
         threads = warps * 32;
       }
     }
   }
   if (best < 0 || a.CB > kV4MaxCB) return false;
-  a.C = s.C;
-  a.H = s.H;
-  a.W = s.W;
-  a.Ho = s.Ho;
-  a.Wo = s.Wo;
-  a.PH = s.PH;
-  a.PW = s.PW;
+  v4_set_sizes(a, s);
   blocks = static_cast<int64_t>(s.N) * a.nTy * a.nTx * a.nCh;
   smem = (static_cast<size_t>(a.CB) * v4_wstride_host(K) + static_cast<size_t>(a.CB) * kV4Vec) *
          sizeof(float);
@@ -499,12 +509,7 @@ bool v4_plan_wave(const FastShape& s, int K, int S, int RW, int NT, const void* 
           bw = waves;
           bl = load;
           bf = foot;
-          a.CB = CB;
-          a.nCh = nCh;
-          a.GX = gx;
-          a.GY = gy;
-          a.nTx = nTx;
-          a.nTy = nTy;
+          v4_set_tiles(a, CB, nCh, gx, gy, nTx, nTy);
           threads = thr;
           blocks = nb;
           smem = sm;
@@ -513,13 +518,7 @@ bool v4_plan_wave(const FastShape& s, int K, int S, int RW, int NT, const void* 
     }
   }
   if (!found) return only_cb > 0 && v4_plan_wave(s, K, S, RW, NT, kernel, a, threads, blocks, smem);
-  a.C = s.C;
-  a.H = s.H;
-  a.W = s.W;
-  a.Ho = s.Ho;
-  a.Wo = s.Wo;
-  a.PH = s.PH;
-  a.PW = s.PW;
+  v4_set_sizes(a, s);
   return blocks < (int64_t(1) << 31);
 }
 
