@@ -39,10 +39,6 @@
          CUDADOCTOR_OPS_DW_V4_WAVE_CB=18 / 9 (blocks of 18 / 9 channel vectors where balanced);
          default and CFG=1 twice, interleaved
     dw7q the same layers, default against CUDADOCTOR_OPS_DW_V4_CFG=1 only, each twice, interleaved
-    cbrtf Conv+BN+ReLU training forward, eager and CUDA-graph replay, on the fp16 (32,64,56,56)
-         block and BatchNorm's forward on the same tensor: default (396 register-only splits)
-         against CUDADOCTOR_OPS_BN_NHWC_TILE_STASH_FIRST=1 with _SPLITS=132 / 264 (the stash grid
-         of one / two blocks per SM), each twice, interleaved
     dwb4 the same backward, default against CUDADOCTOR_OPS_DW_V4_CFG=4 (the stride-1 input gradient
          runs the forward kernel on the flipped filter, here with groups of 7 columns)
     dwn  depthwise float32 NCHW forward and backward (dX + dW) on the issue's target shapes
@@ -150,11 +146,6 @@ _C1 = {"CUDADOCTOR_OPS_DW_V4_CFG": "1"}
 DW7_SETTINGS = [{}, _C1, {"CUDADOCTOR_OPS_DW_V4_CFG": "4"}, {"CUDADOCTOR_OPS_DW_V4_WAVE_CB": "18"},
                 {"CUDADOCTOR_OPS_DW_V4_WAVE_CB": "9"}, {}, _C1]
 DW7Q_SETTINGS = [{}, _C1, {}, _C1]
-_SF = {"CUDADOCTOR_OPS_BN_NHWC_TILE_STASH_FIRST": "1"}
-CBRTF_SETTINGS = [{}, {**_SF, "CUDADOCTOR_OPS_BN_NHWC_TILE_SPLITS": "132"},
-                  {**_SF, "CUDADOCTOR_OPS_BN_NHWC_TILE_SPLITS": "264"}, {},
-                  {**_SF, "CUDADOCTOR_OPS_BN_NHWC_TILE_SPLITS": "132"},
-                  {**_SF, "CUDADOCTOR_OPS_BN_NHWC_TILE_SPLITS": "264"}]
 # dwh / dwbh: the channels-last forward (automatic choice only) / backward, default (the hoisted
 # first kernel row by shape) against CUDADOCTOR_OPS_DW_V4_HOIST=0 and =1, each twice, interleaved
 _H0 = {"CUDADOCTOR_OPS_DW_V4_HOIST": "0"}
@@ -411,30 +402,6 @@ def _child(part: str) -> None:
                                          pd, dl, timer, err, "bwd"))
                 del x, wt, ref
                 torch.cuda.empty_cache()
-    elif part == "cbrtf":
-        from cudadoctor_ops.bench_cbr import graph_ms
-
-        for shape, k, dts, fused, ref, x, xg, g, e in _cbr_blocks(CBR_CASES[:1], err):
-            fwd_o, fwd_r = (lambda: fused(x)), (lambda: ref(x))  # noqa: B023 - called in this iteration
-            name = f"cbr train fwd {shape}->{k} {dts} nhwc"
-            out.append([name, timer(fwd_o), timer(fwd_r), e < 2e-2])
-            out.append([name + " (graph)", graph_ms(timer, fwd_o) or float("nan"),
-                        graph_ms(timer, fwd_r) or float("nan"), e < 2e-2])
-            y = ref[0](x).detach()
-            c = y.shape[1]
-            w = torch.rand(c, device="cuda") + 0.5
-            b = torch.randn(c, device="cuda")
-            rm, rv = torch.zeros(c, device="cuda"), torch.ones(c, device="cuda")
-            rm2, rv2 = rm.clone(), rv.clone()
-            def bo(y=y, rm=rm, rv=rv, w=w, b=b):
-                return cudadoctor_ops.batch_norm(y, rm, rv, w, b, True, 0.1, 1e-5)
-
-            def bt(y=y, rm=rm2, rv=rv2, w=w, b=b):
-                return F.batch_norm(y, rm, rv, w, b, True, 0.1, 1e-5)
-
-            out.append([f"bn train fwd {tuple(y.shape)} {dts} nhwc (graph)",
-                        graph_ms(timer, bo) or float("nan"), graph_ms(timer, bt) or float("nan"),
-                        err(bo(), bt()) < 2e-2])
     elif part in ("dw", "dwa", "dwb", "dww"):
         for _, n, c, h, w_, k, s in MOBILE_LAYERS:
             for dt in (torch.float16, torch.bfloat16):
@@ -492,7 +459,7 @@ def main(argv: list[str]) -> int:
                     "cbr": CBR_SETTINGS, "cbrb": CBRB_SETTINGS, "cbrs": CBRS_SETTINGS, "cbrst": CBRST_SETTINGS,
                     "dw": DW_SETTINGS, "dwn": DWN_SETTINGS, "dwn4": DWN4_SETTINGS,
                     "dwb": DWB_SETTINGS, "dwb4": DWB4_SETTINGS, "dww": DWW_SETTINGS,
-                    "dwh": DWH_SETTINGS, "dwbh": DWBH_SETTINGS, "dw7": DW7_SETTINGS, "dw7q": DW7Q_SETTINGS, "cbrtf": CBRTF_SETTINGS,
+                    "dwh": DWH_SETTINGS, "dwbh": DWBH_SETTINGS, "dw7": DW7_SETTINGS, "dw7q": DW7Q_SETTINGS,
                     "dwsh": DWSH_SETTINGS, "dwv3": DWV3_SETTINGS,
                     "dwv3q": DWV3Q_SETTINGS, "dwv5": DWV5_SETTINGS, "hmma": HMMA_SETTINGS}[part]
         child = {"dwb4": "dwb", "dwn4": "dwn", "dwh": "dwa", "dwbh": "dwb", "dwv3q": "dwv3", "dw7q": "dw7"}.get(part, part)

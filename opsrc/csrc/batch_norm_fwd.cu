@@ -1491,15 +1491,6 @@ inline int tile_nhwc_stash_setting() {
   return v;
 }
 
-// CUDADOCTOR_OPS_BN_NHWC_TILE_STASH_FIRST=1: the stash grid (float16) before the register-only
-// one wherever it fits, e.g. with CUDADOCTOR_OPS_BN_NHWC_TILE_SPLITS=132 one block of 24 rows per
-// thread per SM for Conv+BN+ReLU (32,64,56,56)->64 instead of 396 register-only splits (read once;
-// off by default).
-inline bool tile_nhwc_stash_first() {
-  static const bool v = env_switch("CUDADOCTOR_OPS_BN_NHWC_TILE_STASH_FIRST") == 1;
-  return v;
-}
-
 inline int tile_nhwc_mb() {
   static const int v = env_choice("CUDADOCTOR_OPS_BN_NHWC_TILE_MB", {4, 8, 16}, kTileMergeBatch16);
   return v;
@@ -1614,17 +1605,10 @@ bool launch_tile_nhwc(const T* x, T* y, uint8_t* mask, FwdArgs<typename Acc<T>::
   static_assert(sizeof(T) <= 4, "bn_tile_nhwc: float, float16, bfloat16");
   if (R < 1 || C < 1 || !cooperative_ok(device)) return false;
   const int forced = tile_nhwc_ct();
-  TileGrid g32, g64, g;
-  if (tile_nhwc_stash_first()) {
-    if (forced != 64) g32 = tile_grid_stash<T, 32>(R, C, device);
-    if (forced != 32) g64 = tile_grid_stash<T, 64>(R, C, device);
-    g = tile_pick(g32, g64, C);
-  }
-  if (g.splits < 1) {
-    if (forced != 64) g32 = tile_grid_ct<T, 32>(R, C, device);
-    if (forced != 32) g64 = tile_grid_ct<T, 64>(R, C, device);
-    g = tile_pick(g32, g64, C);
-  }
+  TileGrid g32, g64;
+  if (forced != 64) g32 = tile_grid_ct<T, 32>(R, C, device);
+  if (forced != 32) g64 = tile_grid_ct<T, 64>(R, C, device);
+  TileGrid g = tile_pick(g32, g64, C);
   if (g.splits < 1) {
     if (forced != 64) g32 = tile_grid_stash<T, 32>(R, C, device);
     if (forced != 32) g64 = tile_grid_stash<T, 64>(R, C, device);
