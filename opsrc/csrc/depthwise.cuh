@@ -52,6 +52,18 @@ struct FastShape {
   int PH, PW;       // padding (top/left)
 };
 
+// The plane sizes of s into a kernel's argument struct (fields C, H, W, Ho, Wo, PH, PW).
+template <typename Args>
+inline void set_plane_sizes(Args& a, const FastShape& s) {
+  a.C = s.C;
+  a.H = s.H;
+  a.W = s.W;
+  a.Ho = s.Ho;
+  a.Wo = s.Wo;
+  a.PH = s.PH;
+  a.PW = s.PW;
+}
+
 // Forward (or, with flip=true and stride 1, input gradient) for contiguous
 // NCHW tensors: `in` [N,C,H,W], `w` [C,1,K,K], `bias` [C] or null,
 // `out` [N,C,Ho,Wo].

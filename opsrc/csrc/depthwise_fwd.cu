@@ -1523,13 +1523,7 @@ void v3_chunking(int CG, int hi, int& nCh, int& CGb) {
 // not fit in kV3SmemBudget or the grid is too large.
 bool v3_plan(const FastShape& s, int K, int S, int RW, int V, V3Args& a, dim3& block,
              size_t& smem, int64_t& blocks) {
-  a.C = s.C;
-  a.H = s.H;
-  a.W = s.W;
-  a.Ho = s.Ho;
-  a.Wo = s.Wo;
-  a.PH = s.PH;
-  a.PW = s.PW;
+  set_plane_sizes(a, s);
   a.CG = s.C / V;
   // Columns: tiles of at most about kV3TileInCols input columns.
   int ngmax = ((kV3TileInCols - K) / S + 1) / RW;

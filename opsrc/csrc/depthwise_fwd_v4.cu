@@ -359,7 +359,7 @@ int gcd_int(int a, int b) {
 }
 
 // The block shape (CB channel vectors x GX column groups x GY rows, nCh x nTx x nTy blocks per
-// image) and the layer's sizes, into a.
+// image), into a.
 void v4_set_tiles(V4Args& a, int CB, int nCh, int gx, int gy, int nTx, int nTy) {
   a.CB = CB;
   a.nCh = nCh;
@@ -367,16 +367,6 @@ void v4_set_tiles(V4Args& a, int CB, int nCh, int gx, int gy, int nTx, int nTy) 
   a.GY = gy;
   a.nTx = nTx;
   a.nTy = nTy;
-}
-
-void v4_set_sizes(V4Args& a, const FastShape& s) {
-  a.C = s.C;
-  a.H = s.H;
-  a.W = s.W;
-  a.Ho = s.Ho;
-  a.Wo = s.Wo;
-  a.PH = s.PH;
-  a.PW = s.PW;
 }
 
 // Block shape of one launch: CB channel vectors per block, GX column groups x
@@ -442,7 +432,7 @@ bool v4_plan(const FastShape& s, int K, int S, int RW, int NT, V4Args& a, int& t
     }
   }
   if (best < 0 || a.CB > kV4MaxCB) return false;
-  v4_set_sizes(a, s);
+  set_plane_sizes(a, s);
   blocks = static_cast<int64_t>(s.N) * a.nTy * a.nTx * a.nCh;
   smem = (static_cast<size_t>(a.CB) * v4_wstride_host(K) + static_cast<size_t>(a.CB) * kV4Vec) *
          sizeof(float);
@@ -518,7 +508,7 @@ bool v4_plan_wave(const FastShape& s, int K, int S, int RW, int NT, const void* 
     }
   }
   if (!found) return only_cb > 0 && v4_plan_wave(s, K, S, RW, NT, kernel, a, threads, blocks, smem);
-  v4_set_sizes(a, s);
+  set_plane_sizes(a, s);
   return blocks < (int64_t(1) << 31);
 }
 
