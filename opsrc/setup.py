@@ -1,7 +1,8 @@
 """Build script of the cudadoctor-ops wheel.
 
 Compiles every csrc/*.cpp and csrc/*.cu into one extension, ``cudadoctor_ops._C``, with torch's
-BuildExtension (ninja). Arches come from TORCH_CUDA_ARCH_LIST (torch's rule). How many device
+BuildExtension (ninja). Where the arch list holds 9.0, csrc_sm90a/*.cu (Hopper-only code: wgmma)
+become a second extension, ``cudadoctor_ops._C_sm90a``, compiled for sm_90a alone. Arches come from TORCH_CUDA_ARCH_LIST (torch's rule). How many device
 targets nvcc compiles at once is the build machine's choice, not the source's: ``cudadoctor build``
 sizes ``nvcc --threads`` and ninja's jobs to the cores and memory (NVCC_APPEND_FLAGS, MAX_JOBS).
 Build it against the installed torch:
@@ -125,7 +126,35 @@ def _nvcc_flags() -> list[str]:
     ]
 
 
+def _arch_list() -> list[str]:
+    """TORCH_CUDA_ARCH_LIST's entries (torch's separators: spaces or semicolons), else the
+    capabilities of the visible GPUs (what torch builds for when the list is unset)."""
+    env = os.environ.get("TORCH_CUDA_ARCH_LIST", "").replace(";", " ").split()
+    if env:
+        return env
+    try:
+        import torch
+
+        return [f"{a}.{b}" for a, b in {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}]
+    except Exception:  # noqa: BLE001 - no GPU, or none usable: nothing to add
+        return []
+
+
+def _sm90a() -> tuple[bool, str]:
+    """Whether to build cudadoctor_ops._C_sm90a, and why: the arch list holds 9.0 (with or without
+    +PTX or the a suffix) and CUDADOCTOR_OPS_SM90A is not 0."""
+    if os.environ.get("CUDADOCTOR_OPS_SM90A", "") == "0":
+        return False, "CUDADOCTOR_OPS_SM90A=0"
+    archs = _arch_list()
+    for a in archs:
+        if a.split("+")[0].rstrip("a").strip() in ("9.0", "90"):
+            return True, f"9.0 in the arch list {' '.join(archs)}"
+    return False, f"no 9.0 in the arch list {' '.join(archs) or '(empty)'}"
+
+
 _FE, _FE_WHY = _cudnn_frontend()
+_SM90A, _SM90A_WHY = _sm90a()
+print(f"cudadoctor-ops: _C_sm90a {'built' if _SM90A else 'not built'}: {_SM90A_WHY}", file=sys.stderr)
 print(f"cudadoctor-ops: cudnn_conv_stats {'with' if _FE else 'without a kernel:'} {_FE_WHY}", file=sys.stderr)
 
 ext = CUDAExtension(
@@ -141,8 +170,19 @@ ext = CUDAExtension(
     extra_compile_args={"cxx": ["-O3", "-DNDEBUG"], "nvcc": _nvcc_flags()},
 )
 
+ext_modules = [ext]
+if _SM90A:
+    # its own -gencode: torch then adds no arch flags of its own to this extension
+    ext_modules.append(CUDAExtension(
+        name="cudadoctor_ops._C_sm90a",
+        sources=sorted(glob.glob(os.path.join("csrc_sm90a", "*.cu"))),
+        include_dirs=[os.path.join(HERE, "csrc_sm90a")] + _extra_cuda_includes(),
+        extra_compile_args={"cxx": ["-O3", "-DNDEBUG"],
+                            "nvcc": _nvcc_flags() + ["-gencode=arch=compute_90a,code=sm_90a"]},
+    ))
+
 setup(
     packages=find_packages(include=["cudadoctor_ops*"]),
-    ext_modules=[ext],
+    ext_modules=ext_modules,
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
 )

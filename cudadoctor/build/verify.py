@@ -22,12 +22,27 @@ def shared_object_archs(wheel: str | Path) -> dict[str, dict]:
     return out
 
 
+def _arch_specific(got: dict) -> bool:
+    """A shared object whose device code is all arch-specific SASS (sm_90a, sm_100a: code that uses
+    instructions of one compute capability only, such as Hopper's wgmma) and no PTX: an add-on
+    for those GPUs beside the project's portable module, not a build of every requested arch."""
+    s = got.get("sass") or []
+    return bool(s) and not got.get("ptx") and all(a.endswith("a") for a in s)
+
+
 def missing(so_archs: dict[str, dict], sass: list[str], ptx: list[str]) -> dict[str, list[str]]:
     """Per shared object, the requested targets it lacks (a non-CUDA .so with no device code at all
-    is not counted: pure host helpers are allowed)."""
+    is not counted: pure host helpers are allowed). An arch-specific module (see _arch_specific)
+    lacks nothing when each of its targets is the arch-specific form of a requested SASS (sm_90a
+    for sm_90); one built for an arch not requested is reported."""
     gaps: dict[str, list[str]] = {}
     cuda_sos = {k: v for k, v in so_archs.items() if v.get("sass") or v.get("ptx") or v.get("error")}
     for member, got in cuda_sos.items():
+        if not got.get("error") and _arch_specific(got):
+            stray = [a for a in got["sass"] if a[:-1] not in sass]
+            if stray:
+                gaps[member] = [f"arch-specific {a} for an arch not requested" for a in stray]
+            continue
         lack = [s for s in sass if s not in got.get("sass", [])] + [p for p in ptx if p not in got.get("ptx", [])]
         if got.get("error"):
             lack.append(f"unreadable: {got['error']}")

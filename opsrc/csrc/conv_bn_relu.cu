@@ -47,7 +47,9 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <mutex>
 #include <numeric>
+#include <optional>
 #include <type_traits>
 
 #include "batch_norm.h"
@@ -2019,6 +2021,85 @@ void check_train_args(const char* op, const at::Tensor& input, const at::Tensor&
   TORCH_CHECK(eps >= 0, op, ": eps must be >= 0, got ", eps);
 }
 
+void apply_sums_into(const Layout& l, const at::Tensor& sums, const at::Tensor& w,
+                     const at::Tensor& b, const StatsUpdate& u, double eps, bool shifted,
+                     at::Tensor& out, at::Tensor& save_mean, at::Tensor& save_invstd,
+                     at::Tensor& mask);
+
+// The Hopper convolution with the batch statistics in its epilogue
+// (cudadoctor_ops::conv3x3_wgmma_stats, module cudadoctor_ops._C_sm90a) for the 16-bit
+// channels_last training forward: where its kernel is registered (the module is built where the
+// arch list holds 9.0 and loaded by the package), the GPU is of compute capability 9.0 and the
+// layer is 64 -> 64 channels, 3x3, stride 1, padding 1, dilation 1, groups 1, no convolution
+// bias, width <= 118. CUDADOCTOR_OPS_CBR_WGMMA=0 keeps the ATen convolution and bn_tile_nhwc
+// (read once).
+bool wgmma_enabled() {
+  static const bool on = env_switch("CUDADOCTOR_OPS_CBR_WGMMA") != 0;
+  return on;
+}
+
+const c10::OperatorHandle* wgmma_op_with_kernel() {
+  static std::atomic<const c10::OperatorHandle*> found{nullptr};
+  static std::optional<c10::OperatorHandle> handle;
+  static std::mutex mu;
+  if (const auto* h = found.load(std::memory_order_acquire)) return h;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!handle) handle = c10::Dispatcher::singleton().findOp({"cudadoctor_ops::conv3x3_wgmma_stats", ""});
+  if (handle && handle->hasKernelForDispatchKey(c10::DispatchKey::CUDA)) {
+    found.store(&*handle, std::memory_order_release);
+    return &*handle;
+  }
+  return nullptr;  // the module may load later: looked up again next time
+}
+
+bool wgmma_applies(const at::Tensor& input, const at::Tensor& weight,
+                   const std::optional<at::Tensor>& conv_bias, at::IntArrayRef stride,
+                   at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups) {
+  if (!wgmma_enabled()) return false;
+  const auto st = input.scalar_type();
+  if (!input.is_cuda() || weight.device() != input.device()) return false;
+  if (!(st == at::kHalf || st == at::kBFloat16) || weight.scalar_type() != st) return false;
+  if (conv_bias.has_value() && conv_bias->defined()) return false;
+  if (input.dim() != 4 || input.size(1) != 64 || weight.dim() != 4 || weight.size(0) != 64 ||
+      weight.size(1) != 64 || weight.size(2) != 3 || weight.size(3) != 3 || groups != 1)
+    return false;
+  const auto ones = [](at::IntArrayRef v) { return v.size() == 2 && v[0] == 1 && v[1] == 1; };
+  if (!ones(stride) || !ones(padding) || !ones(dilation)) return false;
+  if (input.size(3) < 1 || input.size(3) > 118 || input.numel() == 0) return false;
+  if (input.is_contiguous() || !input.is_contiguous(at::MemoryFormat::ChannelsLast)) return false;
+  if (reinterpret_cast<uintptr_t>(input.data_ptr()) % 16 != 0) return false;
+  if (tf32conv::compute_capability(input.get_device()) != 90) return false;
+  return wgmma_op_with_kernel() != nullptr;
+}
+
+// The training forward on conv3x3_wgmma_stats + cbr_apply_sums_nhwc (where wgmma_applies):
+// the sums are shifted by the running mean before this step where it is float32 and updated in
+// this step, as cuDNN's statistics path does.
+TrainOut train_wgmma(const char* op, const at::Tensor& input, const at::Tensor& conv_weight,
+                     const std::optional<at::Tensor>& bn_weight,
+                     const std::optional<at::Tensor>& bn_bias, double eps,
+                     const StatsUpdate* upd) {
+  const bool shifted = upd != nullptr && upd->rm.defined() && upd->rm.scalar_type() == at::kFloat;
+  const auto call = wgmma_op_with_kernel()
+                        ->typed<std::tuple<at::Tensor, at::Tensor>(
+                            const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&)>();
+  auto [conv_out, sums] =
+      call.call(input, conv_weight, shifted ? std::optional<at::Tensor>(upd->rm) : std::nullopt);
+  check_bn_param(op, bn_weight, "bn_weight", conv_out);
+  check_bn_param(op, bn_bias, "bn_bias", conv_out);
+  Layout l = bn::make_layout(conv_out);
+  TORCH_INTERNAL_ASSERT(l.x.is_same(conv_out) && l.nhwc, op, ": conv3x3_wgmma_stats output layout");
+  const auto acc_opts = input.options().dtype(at::kFloat);
+  at::Tensor out = at::empty_like(l.x);
+  at::Tensor save_mean = at::empty({l.C}, acc_opts);
+  at::Tensor save_invstd = at::empty({l.C}, acc_opts);
+  at::Tensor mask = at::empty({mask_bytes(l.x.numel())}, input.options().dtype(at::kByte));
+  apply_sums_into(l, sums, bn::contig_param(bn_weight), bn::contig_param(bn_bias),
+                  upd != nullptr ? *upd : StatsUpdate{}, eps, shifted, out, save_mean,
+                  save_invstd, mask);
+  return {out, conv_out, save_mean, save_invstd, mask};
+}
+
 // The training forward; upd (may be null): the running-statistics update of the same step (see
 // conv_bn_relu_train_update_cuda). Channels-last float16 / bfloat16 (NHWC kernels not forced to
 // v1, CUDADOCTOR_OPS_CBR_TILE not 0) and contiguous float32 / float16 / bfloat16
@@ -2042,6 +2123,13 @@ TrainOut train_impl(const char* op, const at::Tensor& input, const at::Tensor& c
   // 16-bit channels_last 3x3, opt-in (CUDADOCTOR_OPS_CBR_HMMA_TRAIN=1): the tensor-core kernel
   const bool hmma = !tf32 && hmmaconv::train_enabled() &&
                     hmmaconv::applies(input, conv_weight, stride, padding, dilation, groups);
+  // 16-bit channels_last 64 -> 64 3x3 on an sm_90 GPU: the convolution with the statistics in
+  // its epilogue, then one apply pass (the sums need every value, so no one-launch kernel)
+  if (!tf32 && !hmma && residual == nullptr && tile_enabled() && !cbr_v1_selected() &&
+      wgmma_applies(input, conv_weight, conv_bias, stride, padding, dilation, groups) &&
+      input.size(0) * input.size(2) * input.size(3) > 1) {
+    return train_wgmma(op, input, conv_weight, bn_weight, bn_bias, eps, upd);
+  }
   at::Tensor conv_out =
       tf32   ? tf32conv::conv3x3(input, conv_weight, conv_bias, false)
       : hmma ? hmmaconv::conv3x3(input, conv_weight, conv_bias, false)
@@ -2289,6 +2377,64 @@ bool launch_apply_sums(const Layout& l, const at::Tensor& out, const at::Tensor&
                                 dim3(kThreads), kargs, 0, p.stream);
 }
 
+// BatchNorm + ReLU of the training forward from the convolution's sums (see
+// conv_bn_relu_apply_sums) into out, save_mean, save_invstd and mask (allocated by the caller);
+// the running statistics of u (none where undefined) updated. l: the channels_last conv_out.
+void apply_sums_into(const Layout& l, const at::Tensor& sums, const at::Tensor& w,
+                     const at::Tensor& b, const StatsUpdate& u, double eps, bool shifted,
+                     at::Tensor& out, at::Tensor& save_mean, at::Tensor& save_invstd,
+                     at::Tensor& mask) {
+  const double momentum = u.momentum;
+  const bool stats = u.rm.defined();
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(l.x.get_device()).stream();
+  if (sums_fused_enabled()) {
+    SumsArgs<float> a;
+    a.sums = sums.data_ptr<float>();
+    a.C = l.C;
+    a.count = l.N * l.HW;
+    a.eps = eps;
+    a.weight = bn::param_ptr(w);
+    a.wkind = bn::param_kind(w);
+    a.bias = bn::param_ptr(b);
+    a.bkind = bn::param_kind(b);
+    a.rmean = stats ? u.rm.data_ptr() : nullptr;
+    a.mkind = stats ? bn::param_kind(u.rm) : bn::kAbsent;
+    a.rvar = stats ? u.rv.data_ptr() : nullptr;
+    a.vkind = stats ? bn::param_kind(u.rv) : bn::kAbsent;
+    a.nbt = u.nbt.defined() ? u.nbt.data_ptr<int64_t>() : nullptr;
+    a.momentum = momentum;
+    a.shifted = shifted;
+    a.save_mean = save_mean.data_ptr<float>();
+    a.save_invstd = save_invstd.data_ptr<float>();
+    bool done = false;
+    if (l.x.scalar_type() == at::kHalf) {
+      done = launch_apply_sums<c10::Half>(l, out, mask, a);
+    } else if (l.x.scalar_type() == at::kBFloat16) {
+      done = launch_apply_sums<c10::BFloat16>(l, out, mask, a);
+    } else {
+      done = launch_apply_sums<float>(l, out, mask, a);
+    }
+    if (done) return;
+  }
+  at::Tensor coef = at::empty({l.C * 4}, save_mean.options());
+  auto* cp = reinterpret_cast<Coef4<float>*>(coef.data_ptr<float>());
+  cbr_finalize_sums<float><<<1, 1024, 0, stream>>>(
+      sums.data_ptr<float>(), l.C, l.N * l.HW, eps, bn::param_ptr(w), bn::param_kind(w),
+      bn::param_ptr(b), bn::param_kind(b), stats ? u.rm.data_ptr() : nullptr,
+      stats ? bn::param_kind(u.rm) : bn::kAbsent, stats ? u.rv.data_ptr() : nullptr,
+      stats ? bn::param_kind(u.rv) : bn::kAbsent,
+      u.nbt.defined() ? u.nbt.data_ptr<int64_t>() : nullptr, momentum, shifted,
+      save_mean.data_ptr<float>(), save_invstd.data_ptr<float>(), cp);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (l.x.scalar_type() == at::kHalf) {
+    launch_apply_v2<c10::Half>(l, out, mask, cp);
+  } else if (l.x.scalar_type() == at::kBFloat16) {
+    launch_apply_v2<c10::BFloat16>(l, out, mask, cp);
+  } else {
+    launch_apply_v2<float>(l, out, mask, cp);
+  }
+}
+
 // The training forward's BatchNorm + ReLU from statistics the convolution computed (see
 // cbr_finalize_sums): one single-block finalize + running-statistics update, then ONE pass of
 // cbr_apply_nhwc_v2 over the channels_last conv_out. -> (out, save_mean, save_invstd, mask), the
@@ -2333,55 +2479,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_bn_relu_apply_su
   at::Tensor save_mean = at::empty({C}, acc_opts);
   at::Tensor save_invstd = at::empty({C}, acc_opts);
   at::Tensor mask = at::empty({mask_bytes(l.x.numel())}, conv_out.options().dtype(at::kByte));
-  const at::Tensor w = bn::contig_param(bn_weight), b = bn::contig_param(bn_bias);
-  const bool stats = u.rm.defined();
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(conv_out.get_device()).stream();
-  if (sums_fused_enabled()) {
-    SumsArgs<float> a;
-    a.sums = sums.data_ptr<float>();
-    a.C = C;
-    a.count = count;
-    a.eps = eps;
-    a.weight = bn::param_ptr(w);
-    a.wkind = bn::param_kind(w);
-    a.bias = bn::param_ptr(b);
-    a.bkind = bn::param_kind(b);
-    a.rmean = stats ? u.rm.data_ptr() : nullptr;
-    a.mkind = stats ? bn::param_kind(u.rm) : bn::kAbsent;
-    a.rvar = stats ? u.rv.data_ptr() : nullptr;
-    a.vkind = stats ? bn::param_kind(u.rv) : bn::kAbsent;
-    a.nbt = u.nbt.defined() ? u.nbt.data_ptr<int64_t>() : nullptr;
-    a.momentum = momentum;
-    a.shifted = shifted;
-    a.save_mean = save_mean.data_ptr<float>();
-    a.save_invstd = save_invstd.data_ptr<float>();
-    bool done = false;
-    if (st == at::kHalf) {
-      done = launch_apply_sums<c10::Half>(l, out, mask, a);
-    } else if (st == at::kBFloat16) {
-      done = launch_apply_sums<c10::BFloat16>(l, out, mask, a);
-    } else {
-      done = launch_apply_sums<float>(l, out, mask, a);
-    }
-    if (done) return {out, save_mean, save_invstd, mask};
-  }
-  at::Tensor coef = at::empty({C * 4}, acc_opts);
-  auto* cp = reinterpret_cast<Coef4<float>*>(coef.data_ptr<float>());
-  cbr_finalize_sums<float><<<1, 1024, 0, stream>>>(
-      sums.data_ptr<float>(), C, count, eps, bn::param_ptr(w), bn::param_kind(w),
-      bn::param_ptr(b), bn::param_kind(b), stats ? u.rm.data_ptr() : nullptr,
-      stats ? bn::param_kind(u.rm) : bn::kAbsent, stats ? u.rv.data_ptr() : nullptr,
-      stats ? bn::param_kind(u.rv) : bn::kAbsent,
-      u.nbt.defined() ? u.nbt.data_ptr<int64_t>() : nullptr, momentum, shifted,
-      save_mean.data_ptr<float>(), save_invstd.data_ptr<float>(), cp);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  if (st == at::kHalf) {
-    launch_apply_v2<c10::Half>(l, out, mask, cp);
-  } else if (st == at::kBFloat16) {
-    launch_apply_v2<c10::BFloat16>(l, out, mask, cp);
-  } else {
-    launch_apply_v2<float>(l, out, mask, cp);
-  }
+  apply_sums_into(l, sums, bn::contig_param(bn_weight), bn::contig_param(bn_bias), u, eps, shifted,
+                  out, save_mean, save_invstd, mask);
   return {out, save_mean, save_invstd, mask};
 }
 

@@ -141,5 +141,14 @@ TORCH_LIBRARY(cudadoctor_ops, m) {
       "cudnn_conv_stats(Tensor input, Tensor weight, int[2] stride, int[2] padding, "
       "int[2] dilation, Tensor? shift) -> (Tensor, Tensor, int, str)");
 
+  // The 3x3 convolution (stride 1, padding 1, 64 -> 64 channels, float16 / bfloat16,
+  // channels_last, width <= 118) of Conv+BN+ReLU's training forward on Hopper tensor cores, with
+  // the sums conv_bn_relu_apply_sums takes computed in its epilogue: sums = [sum(y - shift),
+  // sum((y - shift)^2)] per channel over N, H, W (float32 [2, 64]), shift float32 [64] or none
+  // (0). Its CUDA kernel is in the separate module cudadoctor_ops._C_sm90a
+  // (csrc_sm90a/conv3x3_wgmma.cu, sm_90a code), built where the arch list holds 9.0.
+  // -> (y channels_last, sums)
+  m.def("conv3x3_wgmma_stats(Tensor input, Tensor weight, Tensor? shift) -> (Tensor, Tensor)");
+
   // ---- further ops: append their m.def lines here ----
 }

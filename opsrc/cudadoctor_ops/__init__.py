@@ -1,7 +1,7 @@
 """cudadoctor-ops: CUDA operators registered as ``torch.ops.cudadoctor_ops.*``.
 
 Importing this package loads the compiled extension ``cudadoctor_ops._C`` (which registers the op
-schemas and CUDA kernels) and then each op module, which registers fake kernels
+schemas and CUDA kernels), ``cudadoctor_ops._C_sm90a`` where the wheel has it, and then each op module, which registers fake kernels
 (``torch.library.register_fake``) and autograd formulas (``torch.library.register_autograd``, or C++
 autograd Functions in csrc/*_host.cpp) and
 provides the Python entry points.
@@ -23,6 +23,18 @@ except ImportError as exc:  # pragma: no cover - depends on the build
         "`pip install --no-build-isolation --no-deps ./opsrc` (or `python setup.py build_ext "
         "--inplace` inside opsrc/), using the same torch version that imports it."
     ) from exc
+
+# Hopper-only kernels (csrc_sm90a/: Conv+BN+ReLU's wgmma convolution), a module of their own that
+# wheels built for 9.0 carry; without it those ops have no CUDA kernel and their callers keep the
+# general path. A module that is there but fails to load is reported, not hidden.
+if importlib.util.find_spec(f"{__name__}._C_sm90a") is not None:
+    try:
+        from . import _C_sm90a  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - depends on the build
+        import warnings
+
+        warnings.warn(f"cudadoctor_ops: cudadoctor_ops._C_sm90a is present but could not be loaded ({exc}); "
+                      "Conv+BN+ReLU keeps its ATen convolution", RuntimeWarning, stacklevel=2)
 
 __version__ = "0.1.0"
 

@@ -59,6 +59,9 @@ def _has_cuda_kernel(qualname: str) -> bool:
 
 _HAS_DEPTHWISE = _has_cuda_kernel("cudadoctor_ops::depthwise_conv2d")
 _HAS_APPLY_SUMS = _has_cuda_kernel("cudadoctor_ops::conv_bn_relu_apply_sums")
+# The Hopper convolution with BatchNorm's sums in its epilogue (csrc_sm90a/, module _C_sm90a),
+# which the 16-bit channels_last training forward takes on compute capability 9.0 GPUs
+_HAS_WGMMA = _has_cuda_kernel("cudadoctor_ops::conv3x3_wgmma_stats")
 _DEVICES = ("cuda", "cpu")  # device types with kernels; others run the torch ops
 
 # Inference implementations. "cudnn": one cuDNN fused conv+bias+ReLU call where cuDNN has an
@@ -179,6 +182,12 @@ def _apply_sums_fake(conv_out, sums, bn_weight, bn_bias, running_mean, running_v
     out = torch.empty_like(conv_out, memory_format=torch.channels_last)
     stat = conv_out.new_empty((c,), dtype=torch.float32)
     return out, stat, stat.clone(), conv_out.new_empty((_mask_bytes(conv_out.numel()),), dtype=torch.uint8)
+
+
+@torch.library.register_fake("cudadoctor_ops::conv3x3_wgmma_stats")
+def _wgmma_stats_fake(input, weight, shift):
+    y = torch.empty_like(input, memory_format=torch.channels_last)
+    return y, input.new_empty((2, weight.shape[0]), dtype=torch.float32)
 
 
 # ---------------------------------------------------------------- autograd

@@ -80,6 +80,23 @@ def test_missing_ignores_host_only_objects():
     assert missing(sos, ["sm_86", "sm_89"], []) == {"a.so": ["sm_89"]}
 
 
+def test_missing_accepts_arch_specific_module_for_a_requested_arch():
+    so = {"pkg/_C.so": {"sass": ["sm_86", "sm_90"], "ptx": []},
+          "pkg/_C_sm90a.so": {"sass": ["sm_90a"], "ptx": []}}
+    assert missing(so, ["sm_86", "sm_90"], []) == {}
+    # the portable module still has to hold every requested arch
+    so["pkg/_C.so"]["sass"] = ["sm_86"]
+    assert missing(so, ["sm_86", "sm_90"], []) == {"pkg/_C.so": ["sm_90"]}
+
+
+def test_missing_reports_arch_specific_module_for_an_arch_not_requested():
+    so = {"pkg/_C.so": {"sass": ["sm_86"], "ptx": []}, "pkg/_C_sm90a.so": {"sass": ["sm_90a"], "ptx": []}}
+    assert missing(so, ["sm_86"], []) == {"pkg/_C_sm90a.so": ["arch-specific sm_90a for an arch not requested"]}
+    # sm_90a next to portable code is no add-on: it must hold the requested archs like any other
+    so = {"pkg/_C.so": {"sass": ["sm_90", "sm_90a"], "ptx": []}}
+    assert missing(so, ["sm_86", "sm_90"], []) == {"pkg/_C.so": ["sm_86"]}
+
+
 def test_finish_wheel_label_manifest_record(fat_wheel, tmp_path):
     plan = P.make_plan(P.TargetSpec(arch="8.6,8.9+PTX"), source="/s", out=str(tmp_path))
     archs = verify(fat_wheel, plan.target.sass, plan.target.ptx)

@@ -14,6 +14,7 @@ import copy
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -2350,3 +2351,127 @@ def test_eval_tuner_keeps_each_variants_best_round(monkeypatch):
         calls.clear()
         cbr._tuned_variant(xi, cache, a, xi.is_contiguous(memory_format=torch.channels_last) and not xi.is_contiguous())
         assert calls and "hmma" not in calls, (tuple(xi.shape), a, calls)
+
+
+# cudadoctor_ops::conv3x3_wgmma_stats (csrc_sm90a/conv3x3_wgmma.cuh, module _C_sm90a): the Hopper
+# tensor-core 3x3 convolution, 64 -> 64 channels, with BatchNorm's sums in its epilogue, which the
+# 16-bit channels_last training forward takes on compute capability 9.0. Cases (N, H, W): tiles of
+# R = 120 // (W + 2) rows; a last tile cut by the image's bottom (57 rows of 55), one-row tiles at
+# the widest width (118), images smaller than a tile (5x7, 1x1), 7x7 planes of 13-row tiles.
+WGMMA_CASES = [(2, 56, 56), (2, 57, 55), (3, 13, 118), (1, 5, 7), (4, 7, 7), (2, 1, 1), (33, 14, 14)]
+WGMMA_SKIP = "needs a compute capability 9.0 GPU and a wheel built for 9.0 (cudadoctor_ops._C_sm90a)"
+
+
+def _wgmma_ready() -> bool:
+    if not HAS_CUDA or torch.cuda.get_device_capability() != (9, 0):
+        return False
+    return bool(torch._C._dispatch_has_kernel_for_dispatch_key("cudadoctor_ops::conv3x3_wgmma_stats", "CUDA"))
+
+
+wgmma = pytest.mark.skipif(not _wgmma_ready(), reason=WGMMA_SKIP)
+
+
+@gpu
+@wgmma
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", WGMMA_CASES, ids=lambda c: "x".join(map(str, c)))
+def test_wgmma_stats_op_within_rounding_bound(case, dtype):
+    """y within one rounding of the float64 convolution (16-bit products exact in float32, the
+    576-term float32 sums far below the final rounding); the sums equal float64 sums of
+    (y - shift) and their squares over the returned y to 2e-6 of sum |y - shift| (float32 partials
+    per thread, float64 across warpgroups); deterministic bit for bit; the same result for a
+    channels_last and a contiguous weight, with and without the shift."""
+    n, h, w = case
+    gen = torch.Generator().manual_seed(n * 1000 + h * 10 + w)
+    x = (torch.randn(n, 64, h, w, generator=gen) + 0.5).to(device="cuda", dtype=dtype)
+    x = x.contiguous(memory_format=torch.channels_last)
+    wt = (torch.randn(64, 64, 3, 3, generator=gen) / 24).to(device="cuda", dtype=dtype)
+    shift = (torch.randn(64, generator=gen) * 0.3).cuda()
+    (y, sums), names = _tf32_run(lambda: ops.conv3x3_wgmma_stats(x, wt.contiguous(memory_format=torch.channels_last), shift))
+    assert "conv3x3_wgmma_stats" in names, names
+    assert y.shape == x.shape and y.dtype == dtype and y.is_contiguous(memory_format=torch.channels_last)
+    x64, w64 = x.double(), wt.double()
+    ref = F.conv2d(x64, w64, padding=1)
+    ulp = 2.0**-11 if dtype == torch.float16 else 2.0**-8
+    bound = ref.abs() * ulp + F.conv2d(x64.abs(), w64.abs(), padding=1) * 2.0**-16 + 1e-6
+    excess = ((y.double() - ref).abs() - bound).max().item()
+    assert excess <= 0, f"an output is {excess:.3g} beyond one rounding of the float64 result"
+    d = y.double() - shift.double().view(1, -1, 1, 1)
+    want = torch.stack([d.sum((0, 2, 3)), (d * d).sum((0, 2, 3))])
+    scale = torch.stack([d.abs().sum((0, 2, 3)), (d * d).sum((0, 2, 3))]) + 1e-12
+    assert sums.shape == (2, 64) and sums.dtype == torch.float32
+    assert ((sums.double() - want).abs() / scale).max().item() <= 2e-6
+    y2, s2 = ops.conv3x3_wgmma_stats(x, wt, shift)  # contiguous weight: permuted on the host
+    assert torch.equal(y, y2) and torch.equal(sums, s2)
+    y3, s3 = ops.conv3x3_wgmma_stats(x, wt, None)
+    assert torch.equal(y, y3)
+    d0 = y.double()
+    assert ((s3[0].double() - d0.sum((0, 2, 3))).abs() / (d0.abs().sum((0, 2, 3)) + 1e-12)).max().item() <= 2e-6
+
+
+@gpu
+@wgmma
+@pytest.mark.gpu
+def test_wgmma_stats_op_rejects_bad_arguments():
+    """Shapes and dtypes outside the kernel get a TORCH_CHECK message naming the argument."""
+    x = torch.randn(2, 64, 8, 8, device="cuda", dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(64, 64, 3, 3, device="cuda", dtype=torch.float16)
+    cases = [
+        ((x.float(), w.float(), None), "float16 or bfloat16"),
+        ((x[:, :32], w[:, :32], None), "64 channels"),
+        ((x, w[:32], None), "weight must be a [64, 64, 3, 3]"),
+        ((x, w.bfloat16(), None), "weight must be a [64, 64, 3, 3]"),
+        ((torch.randn(1, 64, 4, 119, device="cuda", dtype=torch.float16), w, None), "width must be 1 .. 118"),
+        ((x, w, torch.zeros(64, device="cuda", dtype=torch.float16)), "shift must be a float32"),
+        ((x, w, torch.zeros(63, device="cuda")), "shift must be a float32"),
+    ]
+    for args, text in cases:
+        with pytest.raises(RuntimeError, match=re.escape(text)):
+            ops.conv3x3_wgmma_stats(*args)
+
+
+@gpu
+@wgmma
+@pytest.mark.gpu
+def test_wgmma_stats_op_opcheck():
+    x = torch.randn(2, 64, 9, 11, device="cuda", dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(64, 64, 3, 3, device="cuda", dtype=torch.float16) / 24
+    torch.library.opcheck(ops.conv3x3_wgmma_stats.default, (x, w, torch.zeros(64, device="cuda")),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+_CBR_WGMMA_CHILD = """
+# (N, C_in, H, W, C_out, kernel, stride, padding), BatchNorm2d keywords: 64 -> 64 3x3 blocks (the
+# kernel's shape), the last with 32 input channels (cuDNN's convolution and bn_tile_nhwc)
+cases = [
+    ((4, 64, 14, 14, 64, 3, 1, 1), {}),
+    ((2, 64, 9, 11, 64, 3, 1, 1), {"momentum": 0.3}),
+    ((3, 64, 7, 118, 64, 3, 1, 1), {"momentum": None}),  # cumulative average
+    ((3, 64, 7, 9, 64, 3, 1, 1), {"affine": False}),
+    ((2, 64, 10, 6, 64, 3, 1, 1), {"track_running_stats": False}),
+    ((4, 32, 14, 14, 64, 3, 1, 1), {}),
+]
+out = run_cases(cases, 3, lambda names: "conv3x3_wgmma_stats" in names)
+print(json.dumps(out))
+"""
+
+
+@gpu
+@wgmma
+@pytest.mark.gpu
+@pytest.mark.parametrize("switch", ["default", "off"])
+def test_wgmma_training_forward_matches_torch(switch):
+    """The 16-bit channels_last training forward of 64 -> 64 3x3 blocks runs conv3x3_wgmma_stats
+    (then cbr_apply_sums_nhwc) by default, and not with CUDADOCTOR_OPS_CBR_WGMMA=0 or 32 input
+    channels: three training steps of ConvBNReLU2d against Conv2d -> BatchNorm2d -> ReLU (output,
+    running statistics with every momentum kind, num_batches_tracked, every gradient)."""
+    extra = {"CUDADOCTOR_OPS_CBR_WGMMA": "0"} if switch == "off" else {}
+    res = _run_cbr_child(_CBR_WGMMA_CHILD, "default", extra=extra)
+    assert len(res) == 12
+    for key, r in res.items():
+        dtype = torch.float16 if key.startswith("float16") else torch.bfloat16
+        applies = switch == "default" and "x32x" not in key
+        assert all(r["tile"]) == applies and any(r["tile"]) == applies, (key, r["tile"])
+        assert not any(r["update_kernel"]), (key, r["update_kernel"])
+        _check_steps(key, r, 3, TOL[dtype], "track_running_stats" not in key)

@@ -64,8 +64,8 @@ def built_wheel(tmp_path_factory) -> tuple[pathlib.Path, pathlib.Path]:
 
 def test_wheel_holds_the_extension_for_the_arch(built_wheel):
     wheel, site = built_wheel
-    sos = sorted((site / "cudadoctor_ops").glob("_C*.so"))
-    assert len(sos) == 1, f"no cudadoctor_ops/_C*.so in {wheel.name}"
+    sos = sorted((site / "cudadoctor_ops").glob("_C.*.so"))
+    assert len(sos) == 1, f"no cudadoctor_ops/_C.*.so in {wheel.name}"
     so = sos[0]
     assert so.read_bytes()[:4] == b"\x7fELF"
     names = zipfile.ZipFile(wheel).namelist()
@@ -75,6 +75,23 @@ def test_wheel_holds_the_extension_for_the_arch(built_wheel):
     if os.path.exists(cuobjdump):
         listing = subprocess.run([cuobjdump, "--list-elf", str(so)], capture_output=True, text=True, timeout=120)
         assert "sm_90" in listing.stdout, listing.stdout + listing.stderr
+
+
+def test_wheel_holds_the_sm90a_module_with_sm90a_code_only(built_wheel):
+    """Built for 9.0, the wheel carries cudadoctor_ops._C_sm90a (csrc_sm90a/: wgmma), whose device
+    code is sm_90a SASS alone, beside the portable _C with sm_90; the builder's verification counts
+    it as an arch-specific module of a requested arch."""
+    from cudadoctor.build.verify import missing, shared_object_archs
+
+    wheel, site = built_wheel
+    sos = sorted((site / "cudadoctor_ops").glob("_C_sm90a.*.so"))
+    assert len(sos) == 1, f"no cudadoctor_ops/_C_sm90a.*.so in {wheel.name}"
+    archs = shared_object_archs(wheel)
+    sm90a = [v for k, v in archs.items() if "_C_sm90a" in k]
+    main = [v for k, v in archs.items() if "_C_sm90a" not in k and "/_C." in k]
+    assert sm90a == [{"sass": ["sm_90a"], "ptx": []}], archs
+    assert main and main[0]["sass"] == ["sm_90"], archs
+    assert missing(archs, ["sm_90"], []) == {}
 
 
 def test_wheel_imports_and_fakes_work_without_gpu(built_wheel):
@@ -136,6 +153,13 @@ def test_wheel_imports_and_fakes_work_without_gpu(built_wheel):
             wanted = (xd, wd) + ((bd,) if bd is not None else ())
             gs = torch.autograd.grad(yd, wanted, torch.empty_like(yd))
             assert [tuple(g.shape) for g in gs] == [tuple(t.shape) for t in wanted], gs
+        # the sm_90a module loads and registers its CUDA kernel; the fake gives y and the sums
+        import cudadoctor_ops._C_sm90a
+        assert torch._C._dispatch_has_kernel_for_dispatch_key("cudadoctor_ops::conv3x3_wgmma_stats", "CUDA")
+        xw = torch.empty(2, 64, 9, 11, device="meta", dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+        yw, sw = ns.conv3x3_wgmma_stats(xw, torch.empty(64, 64, 3, 3, device="meta", dtype=torch.float16), None)
+        assert yw.shape == xw.shape and yw.is_contiguous(memory_format=torch.channels_last), yw
+        assert sw.shape == (2, 64) and sw.dtype == torch.float32, sw
         m = cudadoctor_ops.BatchNorm2d(8, activation="relu")
         assert isinstance(m, torch.nn.BatchNorm2d)
         assert m.state_dict().keys() == torch.nn.BatchNorm2d(8).state_dict().keys()

@@ -85,3 +85,21 @@ def test_missing_pieces_are_named(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "path", [str(tmp_path / "empty-site")])
     settings, why = ns["_cudnn_frontend"]()
     assert settings is None and "libcudnn.so.9" in why
+
+
+@pytest.mark.parametrize(
+    ("archs", "built"),
+    [("9.0", True), ("8.6;9.0+PTX", True), ("8.6 9.0a", True), ("8.0 8.6 8.9", False), ("9.0", False)],
+    ids=["9.0", "list-with-ptx", "a-suffix", "no-9.0", "switched-off"],
+)
+def test_sm90a_module_follows_the_arch_list(monkeypatch, archs, built):
+    """setup.py builds cudadoctor_ops._C_sm90a (csrc_sm90a/, sm_90a code) exactly where
+    TORCH_CUDA_ARCH_LIST holds 9.0, unless CUDADOCTOR_OPS_SM90A=0; the reason names the list."""
+    ns = _helpers(monkeypatch)
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", archs)
+    monkeypatch.delenv("CUDADOCTOR_OPS_SM90A", raising=False)
+    if not built and "9.0" in archs:
+        monkeypatch.setenv("CUDADOCTOR_OPS_SM90A", "0")
+    ok, why = ns["_sm90a"]()
+    assert ok is built, why
+    assert ("CUDADOCTOR_OPS_SM90A=0" in why) if "9.0" in archs and not built else (archs.replace(";", " ") in why)
