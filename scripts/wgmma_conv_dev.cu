@@ -201,7 +201,7 @@ int main() {
     bool t;
   };
   const S shapes[] = {{32, 56, 56, true}, {64, 56, 56, true}, {1, 5, 7, false},
-                      {3, 28, 28, false}, {2, 13, 118, false}, {5, 14, 14, false},
+                      {3, 28, 28, false}, {2, 13, 89, false}, {5, 14, 14, false},
                       {4, 7, 7, false},   {1, 57, 55, false},  {2, 1, 1, false}};
   for (const S& sh : shapes) all &= run_shape<__half>(dv, sh.n, sh.h, sh.w, sh.t, "fp16");
   for (const S& sh : shapes) all &= run_shape<__nv_bfloat16>(dv, sh.n, sh.h, sh.w, sh.t && sh.n == 32, "bf16");

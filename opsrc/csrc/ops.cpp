@@ -142,7 +142,7 @@ TORCH_LIBRARY(cudadoctor_ops, m) {
       "int[2] dilation, Tensor? shift) -> (Tensor, Tensor, int, str)");
 
   // The 3x3 convolution (stride 1, padding 1, 64 -> 64 channels, float16 / bfloat16,
-  // channels_last, width <= 118) of Conv+BN+ReLU's training forward on Hopper tensor cores, with
+  // channels_last, width <= 89) of Conv+BN+ReLU's training forward on Hopper tensor cores, with
   // the sums conv_bn_relu_apply_sums takes computed in its epilogue: sums = [sum(y - shift),
   // sum((y - shift)^2)] per channel over N, H, W (float32 [2, 64]), shift float32 [64] or none
   // (0). Its CUDA kernel is in the separate module cudadoctor_ops._C_sm90a

@@ -37,7 +37,9 @@ constexpr int kChunks = kCi / 8;                  // 16-byte chunks of a pixel's
 constexpr int kN = 120;                           // pixels per tile (wgmma N)
 constexpr int kThreads = 256;                     // two warpgroups
 constexpr int kWBytes = 9 * kChunks * kCo * 16;   // weights in shared memory
-constexpr int kMaxWidth = kN - 2;                 // one padded row per tile at least
+// the widest image whose four windows and the weights fit an H200 block's 227 KB of shared
+// memory (W = 89: 229888 bytes)
+constexpr int kMaxWidth = 89;
 constexpr int kAccRegs = kN / 2;                  // float accumulators per thread
 
 struct Geometry {
@@ -58,7 +60,7 @@ inline Geometry make_geometry(int N, int H, int W) {
   g.H = H;
   g.W = W;
   g.Wp = W + 2;
-  g.R = W <= kMaxWidth ? kN / g.Wp : 0;
+  g.R = W >= 1 && W <= kMaxWidth ? kN / g.Wp : 0;
   if (g.R < 1) return g;
   g.tiles_per_img = (H + g.R - 1) / g.R;
   g.tiles = N * g.tiles_per_img;

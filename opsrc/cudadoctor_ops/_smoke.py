@@ -271,11 +271,6 @@ def _conv_bn_relu_cases():
         # Conv2d -> BatchNorm2d -> ReLU as on ours)
         _cbr_case("train_bwd_channels_last_fp16", 2, 8, 64, 7, 9, 3, training=True, backward=True,
                   dtype=torch.float16, channels_last=True, conv_bias=False),
-        # 64 -> 64 channels: on a compute capability 9.0 GPU with the wheel's _C_sm90a, the
-        # training forward's convolution is the wgmma kernel with the sums in its epilogue
-        # (tiles of 9 rows of 11 + 2 padding columns, a last tile of 1 row), then the apply pass
-        _cbr_case("train_bwd_channels_last_fp16_wgmma", 2, 64, 64, 19, 11, 3, training=True, backward=True,
-                  dtype=torch.float16, channels_last=True, conv_bias=False),
         # the same with rows in shared memory (see batch_norm's stash case): the masked backward
         _cbr_case("train_bwd_channels_last_fp16_stash", 3, 8, 8, 210, 210, 3, training=True, backward=True,
                   dtype=torch.float16, channels_last=True, conv_bias=False),

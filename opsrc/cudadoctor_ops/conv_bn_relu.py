@@ -60,7 +60,8 @@ def _has_cuda_kernel(qualname: str) -> bool:
 _HAS_DEPTHWISE = _has_cuda_kernel("cudadoctor_ops::depthwise_conv2d")
 _HAS_APPLY_SUMS = _has_cuda_kernel("cudadoctor_ops::conv_bn_relu_apply_sums")
 # The Hopper convolution with BatchNorm's sums in its epilogue (csrc_sm90a/, module _C_sm90a),
-# which the 16-bit channels_last training forward takes on compute capability 9.0 GPUs
+# which the 16-bit channels_last training forward takes on compute capability 9.0 GPUs with
+# CUDADOCTOR_OPS_CBR_WGMMA=1
 _HAS_WGMMA = _has_cuda_kernel("cudadoctor_ops::conv3x3_wgmma_stats")
 _DEVICES = ("cuda", "cpu")  # device types with kernels; others run the torch ops
 

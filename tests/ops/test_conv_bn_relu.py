@@ -2357,8 +2357,8 @@ def test_eval_tuner_keeps_each_variants_best_round(monkeypatch):
 # tensor-core 3x3 convolution, 64 -> 64 channels, with BatchNorm's sums in its epilogue, which the
 # 16-bit channels_last training forward takes on compute capability 9.0. Cases (N, H, W): tiles of
 # R = 120 // (W + 2) rows; a last tile cut by the image's bottom (57 rows of 55), one-row tiles at
-# the widest width (118), images smaller than a tile (5x7, 1x1), 7x7 planes of 13-row tiles.
-WGMMA_CASES = [(2, 56, 56), (2, 57, 55), (3, 13, 118), (1, 5, 7), (4, 7, 7), (2, 1, 1), (33, 14, 14)]
+# the widest width (89, what shared memory holds), images smaller than a tile (5x7, 1x1), 7x7 planes of 13-row tiles.
+WGMMA_CASES = [(2, 56, 56), (2, 57, 55), (3, 13, 89), (1, 5, 7), (4, 7, 7), (2, 1, 1), (33, 14, 14)]
 WGMMA_SKIP = "needs a compute capability 9.0 GPU and a wheel built for 9.0 (cudadoctor_ops._C_sm90a)"
 
 
@@ -2422,7 +2422,7 @@ def test_wgmma_stats_op_rejects_bad_arguments():
         ((x[:, :32], w[:, :32], None), "64 channels"),
         ((x, w[:32], None), "weight must be a [64, 64, 3, 3]"),
         ((x, w.bfloat16(), None), "weight must be a [64, 64, 3, 3]"),
-        ((torch.randn(1, 64, 4, 119, device="cuda", dtype=torch.float16), w, None), "width must be 1 .. 118"),
+        ((torch.randn(1, 64, 4, 90, device="cuda", dtype=torch.float16), w, None), "width must be 1 .. 89"),
         ((x, w, torch.zeros(64, device="cuda", dtype=torch.float16)), "shift must be a float32"),
         ((x, w, torch.zeros(63, device="cuda")), "shift must be a float32"),
     ]
@@ -2447,7 +2447,7 @@ _CBR_WGMMA_CHILD = """
 cases = [
     ((4, 64, 14, 14, 64, 3, 1, 1), {}),
     ((2, 64, 9, 11, 64, 3, 1, 1), {"momentum": 0.3}),
-    ((3, 64, 7, 118, 64, 3, 1, 1), {"momentum": None}),  # cumulative average
+    ((3, 64, 7, 89, 64, 3, 1, 1), {"momentum": None}),  # cumulative average
     ((3, 64, 7, 9, 64, 3, 1, 1), {"affine": False}),
     ((2, 64, 10, 6, 64, 3, 1, 1), {"track_running_stats": False}),
     ((4, 32, 14, 14, 64, 3, 1, 1), {}),
@@ -2460,18 +2460,18 @@ print(json.dumps(out))
 @gpu
 @wgmma
 @pytest.mark.gpu
-@pytest.mark.parametrize("switch", ["default", "off"])
+@pytest.mark.parametrize("switch", ["on", "default"])
 def test_wgmma_training_forward_matches_torch(switch):
-    """The 16-bit channels_last training forward of 64 -> 64 3x3 blocks runs conv3x3_wgmma_stats
-    (then cbr_apply_sums_nhwc) by default, and not with CUDADOCTOR_OPS_CBR_WGMMA=0 or 32 input
+    """With CUDADOCTOR_OPS_CBR_WGMMA=1 the 16-bit channels_last training forward of 64 -> 64 3x3
+    blocks runs conv3x3_wgmma_stats (then cbr_apply_sums_nhwc); not by default, nor with 32 input
     channels: three training steps of ConvBNReLU2d against Conv2d -> BatchNorm2d -> ReLU (output,
     running statistics with every momentum kind, num_batches_tracked, every gradient)."""
-    extra = {"CUDADOCTOR_OPS_CBR_WGMMA": "0"} if switch == "off" else {}
+    extra = {"CUDADOCTOR_OPS_CBR_WGMMA": "1"} if switch == "on" else {}
     res = _run_cbr_child(_CBR_WGMMA_CHILD, "default", extra=extra)
     assert len(res) == 12
     for key, r in res.items():
         dtype = torch.float16 if key.startswith("float16") else torch.bfloat16
-        applies = switch == "default" and "x32x" not in key
+        applies = switch == "on" and "x32x" not in key
         assert all(r["tile"]) == applies and any(r["tile"]) == applies, (key, r["tile"])
         assert not any(r["update_kernel"]), (key, r["update_kernel"])
         _check_steps(key, r, 3, TOL[dtype], "track_running_stats" not in key)
