@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <type_traits>
 #include <vector>
 
 #include "conv3x3_wgmma.cuh"
@@ -74,9 +75,14 @@ float launch(const Dev& dv, const Geometry& g, const T* x, const T* w, T* y, con
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a));
   CK(cudaEventCreate(&b));
+  TensorMaps maps;
+  if (const char* err = make_tensor_maps(&maps, x, w, y, g, sizeof(T) == 2 && !std::is_same<T, __half>::value)) {
+    std::printf("tensor maps: %s\n", err);
+    std::exit(2);
+  }
   if (time_it) CK(cudaMemsetAsync(dv.flush, 0, 256 << 20));
   CK(cudaEventRecord(a));
-  conv3x3_wgmma_stats<T><<<grid, kThreads, g.smem_bytes>>>(x, w, y, shift, partials, sums,
+  conv3x3_wgmma_stats<T><<<grid, kThreads, g.smem_bytes>>>(maps, shift, partials, sums,
                                                            dv.counter, g);
   CK(cudaGetLastError());
   CK(cudaEventRecord(b));
@@ -109,7 +115,7 @@ bool run_shape(const Dev& dv, int N, int H, int W, bool timing, const char* dt) 
   CK(cudaMalloc(&w, nw * sizeof(T)));
   CK(cudaMalloc(&y, nx * sizeof(T)));
   CK(cudaMalloc(&ref, nx * sizeof(float)));
-  CK(cudaMalloc(&partials, grid * 2 * 128 * sizeof(float)));
+  CK(cudaMalloc(&partials, grid * 128 * sizeof(float)));
   CK(cudaMalloc(&sums, 128 * sizeof(float)));
   CK(cudaMalloc(&shift, 64 * sizeof(float)));
   CK(cudaMemcpy(x, hx.data(), nx * sizeof(T), cudaMemcpyHostToDevice));

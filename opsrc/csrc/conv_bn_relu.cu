@@ -2031,11 +2031,12 @@ void apply_sums_into(const Layout& l, const at::Tensor& sums, const at::Tensor& 
 // channels_last training forward: where its kernel is registered (the module is built where the
 // arch list holds 9.0 and loaded by the package), the GPU is of compute capability 9.0 and the
 // layer is 64 -> 64 channels, 3x3, stride 1, padding 1, dilation 1, groups 1, no convolution
-// bias, width <= 89. Opt-in, CUDADOCTOR_OPS_CBR_WGMMA=1 (read once): on the H200 the convolution
-// alone took 47.9 us for (32,64,56,56) float16 against cuDNN's 27.2 (L2 flushed, same call), so by
-// default the training forward keeps the ATen convolution and bn_tile_nhwc.
+// bias, width <= 89. On by default, CUDADOCTOR_OPS_CBR_WGMMA=0 turns it off (read once): on the
+// H200 the convolution with its sums took 26.4 us for (32,64,56,56) float16 against cuDNN's 27.2
+// for the convolution alone (L2 flushed), and the block's training forward in a CUDA graph
+// 44.8 us against 46.0 on cuDNN's convolution and bn_tile_nhwc.
 bool wgmma_enabled() {
-  static const bool on = env_switch("CUDADOCTOR_OPS_CBR_WGMMA") == 1;
+  static const bool on = env_switch("CUDADOCTOR_OPS_CBR_WGMMA") != 0;
   return on;
 }
 
@@ -2124,8 +2125,8 @@ TrainOut train_impl(const char* op, const at::Tensor& input, const at::Tensor& c
   // 16-bit channels_last 3x3, opt-in (CUDADOCTOR_OPS_CBR_HMMA_TRAIN=1): the tensor-core kernel
   const bool hmma = !tf32 && hmmaconv::train_enabled() &&
                     hmmaconv::applies(input, conv_weight, stride, padding, dilation, groups);
-  // 16-bit channels_last 64 -> 64 3x3 on an sm_90 GPU, opt-in: the convolution with the
-  // statistics in its epilogue, then one apply pass
+  // 16-bit channels_last 64 -> 64 3x3 on an sm_90 GPU: the convolution with the statistics in
+  // its epilogue, then one apply pass
   if (!tf32 && !hmma && residual == nullptr && tile_enabled() && !cbr_v1_selected() &&
       wgmma_applies(input, conv_weight, conv_bias, stride, padding, dilation, groups) &&
       input.size(0) * input.size(2) * input.size(3) > 1) {

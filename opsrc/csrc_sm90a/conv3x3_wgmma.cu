@@ -119,20 +119,21 @@ std::tuple<at::Tensor, at::Tensor> conv3x3_wgmma_stats_cuda(const at::Tensor& in
   at::Tensor sums = at::empty({2, kCo}, input.options().dtype(at::kFloat));
   const Geometry g = make_geometry(static_cast<int>(N), static_cast<int>(H), static_cast<int>(W));
   const int grid = std::min(ds.sms, (g.tiles + 1) / 2);
-  at::Tensor partials = at::empty({int64_t(grid) * 2 * 2 * kCo}, input.options().dtype(at::kFloat));
+  // per block: its two warpgroups' sums and sums of squares, combined in the block first
+  at::Tensor partials = at::empty({int64_t(grid) * 2 * kCo}, input.options().dtype(at::kFloat));
+  TensorMaps maps;
+  if (const char* err = make_tensor_maps(&maps, x.data_ptr(), w.data_ptr(), y.data_ptr(), g,
+                                         st == at::kBFloat16)) {
+    TORCH_CHECK(false, op, ": ", err, " (input ", input.sizes(), ")");
+  }
   unsigned* counter = ds.counters + (g_next_slot.fetch_add(1u, std::memory_order_relaxed) % kSlots);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(input.get_device()).stream();
   if (st == at::kHalf) {
     conv3x3_wgmma_stats<__half><<<grid, kThreads, g.smem_bytes, stream>>>(
-        reinterpret_cast<const __half*>(x.data_ptr()), reinterpret_cast<const __half*>(w.data_ptr()),
-        reinterpret_cast<__half*>(y.data_ptr()), shp, partials.data_ptr<float>(),
-        sums.data_ptr<float>(), counter, g);
+        maps, shp, partials.data_ptr<float>(), sums.data_ptr<float>(), counter, g);
   } else {
     conv3x3_wgmma_stats<__nv_bfloat16><<<grid, kThreads, g.smem_bytes, stream>>>(
-        reinterpret_cast<const __nv_bfloat16*>(x.data_ptr()),
-        reinterpret_cast<const __nv_bfloat16*>(w.data_ptr()),
-        reinterpret_cast<__nv_bfloat16*>(y.data_ptr()), shp, partials.data_ptr<float>(),
-        sums.data_ptr<float>(), counter, g);
+        maps, shp, partials.data_ptr<float>(), sums.data_ptr<float>(), counter, g);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {y, sums};

@@ -9,22 +9,29 @@
 // tile's (R + 2)-row input window, so every tap's B operand is the same shared-memory window at
 // another start address; the two padding columns of each row are computed and dropped.
 //
-// Shared memory (no swizzle, wgmma's 8 x 16-byte core matrices):
-//   weights  [tap 9][chunk 8][co 64][8 ci]          73728 bytes, loaded once per block
-//   window   [chunk 8][pixel pitch][8 ci] per buffer, two buffers per warpgroup
+// Data moves by TMA (tensor maps from make_tensor_maps), all of it in the 128-byte swizzle whose
+// rows are one pixel's (or one output channel's) 64 values:
+//   weights  [tap 9][co 64][64 ci]        73728 bytes, nine loads once per block
+//   window   [pixel][64 ci] per buffer, two buffers per warpgroup; one load per tile whose box
+//            starts at column -1, row h0 - 1, so the padding is the TMA's zero fill
+//   y        staged [pixel][64 co] in the window just used, one store per tile whose box is the
+//            tile's rows on the padded width: the padding columns and rows past H fall outside
+//            the tensor and are not written
 // A block is two warpgroups; each takes the tiles worker, worker + workers, ... (persistent,
-// one block per SM), loads the next tile's window by cp.async while it multiplies the current
-// one, and runs its epilogue (round to T, per-channel sums, staging through the window it has
-// just used, 16-byte stores of y) while the other warpgroup multiplies.
+// one block per SM); its first thread loads the next tile's window while the warpgroup
+// multiplies the current one, and stores a tile once the warpgroup has staged it.
 //
 // Statistics: sums of (v - shift[co]) and (v - shift[co])^2 over the valid pixels, v the value
-// stored in y (rounded to T), shift null for 0. Each warpgroup writes its partial [2][64]; the
-// last block to finish (a counter it resets) adds the partials in worker order in float64 and
-// writes sums [2][64] (float32), so the result does not depend on the order blocks finish.
+// stored in y (rounded to T), shift null for 0. Each block writes its partial [2][64] (its two
+// warpgroups added in order); the last block to finish (a counter it resets) adds the partials in
+// block order in float64 and writes sums [2][64] (float32), so the result does not depend on the
+// order blocks finish.
 #pragma once
 
+#include <cuda.h>  // CUtensorMap and its enums (the encoder comes through the runtime)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 
 #include <cstdint>
 
@@ -33,12 +40,13 @@ namespace wgmma_conv {
 
 constexpr int kCo = 64;                           // output channels (wgmma M)
 constexpr int kCi = 64;                           // input channels
-constexpr int kChunks = kCi / 8;                  // 16-byte chunks of a pixel's input channels
 constexpr int kN = 120;                           // pixels per tile (wgmma N)
 constexpr int kThreads = 256;                     // two warpgroups
-constexpr int kWBytes = 9 * kChunks * kCo * 16;   // weights in shared memory
-// the widest image whose four windows and the weights fit an H200 block's 227 KB of shared
-// memory (W = 89: 229888 bytes)
+constexpr int kRow = 128;                         // bytes of one pixel's (or channel's) 64 values
+constexpr int kTapBytes = kCo * kRow;             // one tap's weights
+constexpr int kWBytes = 9 * kTapBytes;            // weights in shared memory
+constexpr int kSmemLimit = 232448 - 256;          // an H200 block's 227 KB, less the static part
+// the widest image whose four windows and the weights fit that (W = 89: 230400 bytes)
 constexpr int kMaxWidth = 89;
 constexpr int kAccRegs = kN / 2;                  // float accumulators per thread
 
@@ -48,9 +56,9 @@ struct Geometry {
   int R;             // output rows per tile
   int tiles_per_img;
   int tiles;
-  int pitch;         // bytes between chunks of a window
-  int buf_bytes;     // one window buffer
-  int smem_bytes;    // dynamic shared memory of a block
+  int box_bytes;     // bytes one window load brings: (R + 2) rows of Wp pixels
+  int buf_bytes;     // one window buffer: the pixels a tile's B operands reach, to 1024 bytes
+  int smem_bytes;    // dynamic shared memory of a block (with 1024 bytes to align it)
 };
 
 // The geometry of (N, H, W); R = 0 where W is too wide for one tile.
@@ -64,13 +72,64 @@ inline Geometry make_geometry(int N, int H, int W) {
   if (g.R < 1) return g;
   g.tiles_per_img = (H + g.R - 1) / g.R;
   g.tiles = N * g.tiles_per_img;
-  // pixels a tile's B operands reach: m + 2 * Wp + 2 for m < kN; a multiple of 8, plus one
-  // pixel of pitch so that the 8 chunks of a pixel fall in different banks
-  const int npix = (kN + 2 * g.Wp + 2 + 7) / 8 * 8;
-  g.pitch = (npix + 1) * 16;
-  g.buf_bytes = kChunks * g.pitch;
-  g.smem_bytes = kWBytes + 4 * g.buf_bytes;
+  g.box_bytes = (g.R + 2) * g.Wp * kRow;
+  // B operands reach pixel m + 2 * Wp + 2 for m < kN; pixels past the box hold stale data and
+  // feed only the dropped outputs
+  g.buf_bytes = ((kN + 2 * g.Wp + 2) * kRow + 1023) / 1024 * 1024;
+  g.smem_bytes = 1024 + kWBytes + 4 * g.buf_bytes;
+  if (g.smem_bytes > kSmemLimit) g.R = 0;
   return g;
+}
+
+// The kernel's TMA descriptors: x and y as [N][H][W][64] boxes of (R + 2) and R rows of Wp
+// pixels, w ([co][3][3][ci]) as one tap's [co][ci]; all with the 128-byte swizzle.
+struct TensorMaps {
+  CUtensorMap x, w, y;
+};
+
+// Encodes the maps of (x, w, y) for g; returns null, or what failed.
+inline const char* make_tensor_maps(TensorMaps* m, const void* x, const void* w, void* y,
+                                    const Geometry& g, bool bf16) {
+  using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                              const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                              const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                              CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+  static Encode encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+#if CUDART_VERSION >= 12050
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                           cudaEnableDefault, &q);
+#else
+    const cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &q);
+#endif
+    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<Encode>(fn);
+  }();
+  if (encode == nullptr) return "the driver has no cuTensorMapEncodeTiled";
+  const CUtensorMapDataType dt = bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const cuuint32_t ones[4] = {1, 1, 1, 1};
+  const cuuint64_t dims[4] = {kCi, cuuint64_t(g.W), cuuint64_t(g.H), cuuint64_t(g.N)};
+  const cuuint64_t strides[3] = {kRow, cuuint64_t(g.W) * kRow, cuuint64_t(g.H) * g.W * kRow};
+  const cuuint32_t xbox[4] = {kCi, cuuint32_t(g.Wp), cuuint32_t(g.R + 2), 1};
+  const cuuint32_t ybox[4] = {kCo, cuuint32_t(g.Wp), cuuint32_t(g.R), 1};
+  if (encode(&m->x, dt, 4, const_cast<void*>(x), dims, strides, xbox, ones,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+    return "cuTensorMapEncodeTiled failed for the input";
+  if (encode(&m->y, dt, 4, y, dims, strides, ybox, ones, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+    return "cuTensorMapEncodeTiled failed for the output";
+  const cuuint64_t wdims[3] = {kCi, 9, kCo};
+  const cuuint64_t wstrides[2] = {kRow, 9 * kRow};
+  const cuuint32_t wbox[3] = {kCi, 1, kCo};
+  if (encode(&m->w, dt, 3, const_cast<void*>(w), wdims, wstrides, wbox, ones,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+    return "cuTensorMapEncodeTiled failed for the weight";
+  return nullptr;
 }
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -79,34 +138,82 @@ inline Geometry make_geometry(int N, int H, int W) {
 
 namespace dev {
 
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-// generic-proxy writes of shared memory (cp.async included) visible to wgmma's async proxy
+// generic-proxy writes of shared memory visible to the async proxy (TMA, wgmma)
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 __device__ __forceinline__ void bar_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
-
-// wgmma shared-memory descriptor, no swizzle: start address, leading (K direction) and stride
-// (M / N direction, between groups of 8 rows) byte offsets, all in 16-byte units.
-__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t((lbo >> 4) & 0x3FFF) << 16) |
-         (uint64_t((sbo >> 4) & 0x3FFF) << 32);
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
 #ifdef CUDADOCTOR_WGMMA_DEVICE
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  }
+}
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                            int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, "
+      "%4, %5}], [%2];\n" ::"r"(dst),
+      "l"(map), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                            int c0, int c1, int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, "
+      "%4, %5, %6}], [%2];\n" ::"r"(dst),
+      "l"(map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, uint32_t src, int c0, int c1,
+                                             int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+          map),
+      "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// the bulk stores of this thread have read their shared memory / are complete
+__device__ __forceinline__ void tma_store_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void tma_store_wait() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+
+// wgmma shared-memory descriptor, K-major with the 128-byte swizzle: start address (16-byte
+// units), 8-row groups 1024 bytes apart; the leading offset is unused in this layout
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
+         (uint64_t(1) << 62);
+}
+
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
@@ -198,46 +305,51 @@ __device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float
 
 }  // namespace dev
 
-// x: [N][H][W][64] (channels_last), w: [64 co][3][3][64 ci], y: [N][H][W][64]; 16-byte aligned.
-// shift: float [64] or null. partials: float [2 * gridDim.x][2][64] (written whole). sums:
-// float [2][64]. counter: zero before the launch, zero again after it.
+// x: [N][H][W][64] (channels_last), w: [64 co][3][3][64 ci], y: [N][H][W][64], through maps
+// (make_tensor_maps). shift: float [64] or null. partials: float [gridDim.x][2][64] (written
+// whole). sums: float [2][64]. counter: zero before the launch, zero again after it.
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 1)
-    conv3x3_wgmma_stats(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
-                        const float* __restrict__ shift, float* __restrict__ partials,
-                        float* __restrict__ sums, unsigned* __restrict__ counter, Geometry g) {
+    conv3x3_wgmma_stats(const __grid_constant__ TensorMaps maps, const float* __restrict__ shift,
+                        float* __restrict__ partials, float* __restrict__ sums,
+                        unsigned* __restrict__ counter, Geometry g) {
 #ifdef CUDADOCTOR_WGMMA_DEVICE
   using namespace dev;
-  extern __shared__ __align__(128) unsigned char smem[];
-  __shared__ double s_red[2][128];
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ __align__(8) uint64_t s_bar[5];  // [wg][buffer] windows, then the weights
+  __shared__ float s_part[2][2][kCo];         // [wg][sum, sum of squares][co]
   __shared__ int s_last;
   const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127, warp = t >> 5, lane = tid & 31;
-  const uint32_t s_w = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  // the swizzle is on address bits 4..9: every buffer starts on 1024 bytes
+  unsigned char* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  const uint32_t s_w = smem_addr(smem);
   const uint32_t s_x = s_w + kWBytes + wg * 2 * g.buf_bytes;  // this warpgroup's two windows
   unsigned char* x_gen = smem + kWBytes + wg * 2 * g.buf_bytes;
+  const uint32_t bar_x = smem_addr(&s_bar[wg * 2]), bar_w = smem_addr(&s_bar[4]);
   const int workers = gridDim.x * 2;
   const int worker = blockIdx.x * 2 + wg;
 
-  // weights: chunk (co, tap, c) of w to [tap][c][co]
-  for (int i = tid; i < kCo * 9 * kChunks; i += kThreads) {
-    const int c = i % kChunks, ct = i / kChunks, tap = ct % 9, co = ct / 9;
-    cp_async16(s_w + ((tap * kChunks + c) * kCo + co) * 16, w + int64_t(i) * 8, 16);
+  if (tid == 0) {
+#pragma unroll
+    for (int i = 0; i < 5; ++i) mbar_init(smem_addr(&s_bar[i]), 1);
+    mbar_init_fence();
   }
-  // the input window of a tile to buffer b: rows h0 - 1 .. h0 + R, columns -1 .. W, zeros
-  // outside the image
+  __syncthreads();
+  // the input window of a tile to buffer b: rows h0 - 1 .. h0 + R, columns -1 .. W, the TMA's
+  // zeros outside the image
   const auto load_tile = [&](int tile, int b) {
     const int n = tile / g.tiles_per_img, h0 = (tile % g.tiles_per_img) * g.R;
-    const uint32_t dst = s_x + b * g.buf_bytes;
-    const int items = (g.R + 2) * g.Wp * kChunks;
-    for (int i = t; i < items; i += 128) {
-      const int c = i % kChunks, pix = i / kChunks;
-      const int hh = pix / g.Wp, ww = pix - hh * g.Wp;
-      const int h = h0 - 1 + hh, wc = ww - 1;
-      const bool ok = h >= 0 && h < g.H && wc >= 0 && wc < g.W;
-      const T* src = ok ? x + ((int64_t(n) * g.H + h) * g.W + wc) * kCi + c * 8 : x;
-      cp_async16(dst + c * g.pitch + pix * 16, src, ok ? 16 : 0);
-    }
+    mbar_expect_tx(bar_x + 8 * b, g.box_bytes);
+    tma_load_4d(s_x + b * g.buf_bytes, &maps.x, bar_x + 8 * b, 0, -1, h0 - 1, n);
   };
+  if (tid == 0) {
+    mbar_expect_tx(bar_w, kWBytes);
+    for (int tap = 0; tap < 9; ++tap) tma_load_3d(s_w + tap * kTapBytes, &maps.w, bar_w, 0, tap, 0);
+  }
+  if (t == 0) {
+    if (worker < g.tiles) load_tile(worker, 0);
+    if (worker + workers < g.tiles) load_tile(worker + workers, 1);
+  }
 
   const int co0 = warp * 16 + (lane >> 2);  // this thread's channels: co0 and co0 + 8
   const float sh0 = shift != nullptr ? shift[co0] : 0.f;
@@ -257,30 +369,16 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < kAccRegs; ++i) d[i] = 0.f;
 
-  // K direction: the next chunk; M / N direction: the next 8 rows (128 bytes on)
-  const uint32_t lbo_w = kCo * 16, sbo_w = 128;
-  const uint32_t lbo_x = g.pitch, sbo_x = 128;
-
-  const bool has0 = worker < g.tiles;
-  if (has0) load_tile(worker, 0);
-  cp_async_commit();  // weights + tile 0
-  if (has0 && worker + workers < g.tiles) load_tile(worker + workers, 1);
-  cp_async_commit();  // tile 1
-  cp_async_wait<1>();
-  fence_proxy_async();
-  __syncthreads();  // the weights, loaded by both warpgroups
-
   int k = 0;
   for (int tile = worker; tile < g.tiles; tile += workers, ++k) {
     const int b = k & 1;
-    if (k > 0) {
-      const int next = tile + workers;
-      if (next < g.tiles) load_tile(next, b ^ 1);
-      cp_async_commit();
-      cp_async_wait<1>();
-      fence_proxy_async();
-      bar_sync(1 + wg, 128);
+    if (k > 0 && t == 0) {
+      // the other buffer's window is free once the store of tile k - 1 has read it
+      tma_store_wait_read();
+      if (tile + workers < g.tiles) load_tile(tile + workers, b ^ 1);
     }
+    if (k == 0) mbar_wait(bar_w, 0);
+    mbar_wait(bar_x + 8 * b, (k >> 1) & 1);
     const uint32_t xb = s_x + b * g.buf_bytes;
     acc_fence(d);
     wg_fence();
@@ -288,9 +386,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int tap = 0; tap < 9; ++tap) {
       const int off = (tap / 3) * g.Wp + (tap % 3);
 #pragma unroll
-      for (int kk = 0; kk < kChunks / 2; ++kk) {
-        const uint64_t da = smem_desc(s_w + (tap * kChunks + 2 * kk) * kCo * 16, lbo_w, sbo_w);
-        const uint64_t db = smem_desc(xb + 2 * kk * g.pitch + off * 16, lbo_x, sbo_x);
+      for (int kk = 0; kk < kCi / 16; ++kk) {
+        const uint64_t da = smem_desc(s_w + tap * kTapBytes + kk * 32);
+        const uint64_t db = smem_desc(xb + off * kRow + kk * 32);
         mma<T>(d, da, db, (tap | kk) != 0);
       }
     }
@@ -299,7 +397,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     acc_fence(d);
     bar_sync(1 + wg, 128);  // every warp's MMAs are done with the window
 
-    // epilogue: round, sums, stage [pixel][64] (16-byte units swizzled by pixel % 8)
+    // epilogue: round, sums, stage [pixel][64] in the swizzle of the store's map
     const int n = tile / g.tiles_per_img, h0 = (tile % g.tiles_per_img) * g.R;
     const int rows = g.H - h0 < g.R ? g.H - h0 : g.R;
     const int lim = rows * g.Wp;
@@ -311,7 +409,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int co = co0 + 8 * (e >> 1);
         const int m = 8 * jj + 2 * (lane & 3) + (e & 1);
         const T v = to_t<T>(d[jj * 4 + e]);
-        *reinterpret_cast<T*>(st + m * 128 + ((((co >> 3) ^ (m & 7)) << 4) | ((co & 7) * 2))) = v;
+        *reinterpret_cast<T*>(st + m * kRow + ((((co >> 3) ^ (m & 7)) << 4) | ((co & 7) * 2))) = v;
         if (m < lim && ((colok >> (jj * 2 + (e & 1))) & 1u)) {
           const float f = to_f(v) - ((e >> 1) ? sh1 : sh0);
           if (e >> 1) {
@@ -324,20 +422,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
+    fence_proxy_async();
     bar_sync(1 + wg, 128);
-    for (int i = t; i < kN * 8; i += 128) {
-      const int m = i >> 3, u = i & 7;
-      const int ii = m / g.Wp, j = m - ii * g.Wp;
-      if (ii < rows && j < g.W) {
-        const uint4 v = *reinterpret_cast<const uint4*>(st + m * 128 + ((u ^ (m & 7)) << 4));
-        *reinterpret_cast<uint4*>(y + ((int64_t(n) * g.H + h0 + ii) * g.W + j) * kCo + u * 8) = v;
-      }
-    }
-    bar_sync(1 + wg, 128);  // the window is free for the load of tile k + 2
+    if (t == 0) tma_store_4d(&maps.y, xb, 0, 0, h0, n);
   }
-  cp_async_wait<0>();
+  if (t == 0) tma_store_wait();
 
-  // this warpgroup's partial: the 4 lanes of a channel pair, then [2][64]
+  // this warpgroup's partial: the 4 lanes of a channel pair, then the block's [2][64]
 #pragma unroll
   for (int o = 1; o <= 2; o <<= 1) {
     s1a += __shfl_xor_sync(0xffffffffu, s1a, o);
@@ -346,30 +437,38 @@ __global__ void __launch_bounds__(kThreads, 1)
     s2b += __shfl_xor_sync(0xffffffffu, s2b, o);
   }
   if ((lane & 3) == 0) {
-    float* p = partials + int64_t(worker) * 2 * kCo;
-    p[co0] = s1a;
-    p[co0 + 8] = s1b;
-    p[kCo + co0] = s2a;
-    p[kCo + co0 + 8] = s2b;
+    s_part[wg][0][co0] = s1a;
+    s_part[wg][0][co0 + 8] = s1b;
+    s_part[wg][1][co0] = s2a;
+    s_part[wg][1][co0 + 8] = s2b;
   }
-  __threadfence();
+  __syncthreads();
+  if (tid < 2 * kCo) {
+    const int v = tid;
+    partials[int64_t(blockIdx.x) * 2 * kCo + v] = s_part[0][v >> 6][v & 63] + s_part[1][v >> 6][v & 63];
+    __threadfence();
+  }
   __syncthreads();
   if (tid == 0) s_last = atomicAdd(counter, 1u) == gridDim.x - 1;
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-  // the last block: value v = tid % 128 over half of the workers each, in worker order
+  // the last block: value v = tid % 128 over half of the blocks each, in block order (8
+  // interleaved accumulators, added in order)
   {
+    double* s_red = reinterpret_cast<double*>(smem);  // the weights are no longer read
     const int v = tid & 127, half = tid >> 7;
-    const int w0 = half ? workers / 2 : 0, w1 = half ? workers : workers / 2;
-    double acc = 0;
-#pragma unroll 8
-    for (int wk = w0; wk < w1; ++wk) acc += __ldcg(partials + int64_t(wk) * 2 * kCo + v);
-    s_red[half][v] = acc;
-    __syncthreads();
-    if (half == 0) {
-      sums[v] = static_cast<float>(s_red[0][v] + s_red[1][v]);
+    const int nb = gridDim.x;
+    const int b0 = half ? nb / 2 : 0, b1 = half ? nb : nb / 2;
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int bk = b0; bk < b1; bk += 8) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        if (bk + j < b1) acc[j] += __ldcg(partials + int64_t(bk + j) * 2 * kCo + v);
     }
+    s_red[half * 128 + v] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    __syncthreads();
+    if (half == 0) sums[v] = static_cast<float>(s_red[v] + s_red[128 + v]);
     if (tid == 0) *counter = 0u;
   }
 #endif

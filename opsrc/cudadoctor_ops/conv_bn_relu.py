@@ -60,8 +60,8 @@ def _has_cuda_kernel(qualname: str) -> bool:
 _HAS_DEPTHWISE = _has_cuda_kernel("cudadoctor_ops::depthwise_conv2d")
 _HAS_APPLY_SUMS = _has_cuda_kernel("cudadoctor_ops::conv_bn_relu_apply_sums")
 # The Hopper convolution with BatchNorm's sums in its epilogue (csrc_sm90a/, module _C_sm90a),
-# which the 16-bit channels_last training forward takes on compute capability 9.0 GPUs with
-# CUDADOCTOR_OPS_CBR_WGMMA=1
+# which the 16-bit channels_last training forward of 64 -> 64 3x3 layers takes on compute
+# capability 9.0 GPUs (CUDADOCTOR_OPS_CBR_WGMMA=0: never)
 _HAS_WGMMA = _has_cuda_kernel("cudadoctor_ops::conv3x3_wgmma_stats")
 _DEVICES = ("cuda", "cpu")  # device types with kernels; others run the torch ops
 
@@ -1068,4 +1068,19 @@ def sanitize_exercise(quick: bool = False, device: str = "cuda") -> int:
                     y = conv_bn_relu(xg, cw, None, gw, gb, rm, rv, False, 0.1, 1e-5, 1, 1, 1, g, eval_impl=impl)
                     y.backward(torch.randn_like(y))
                     calls += 1
+    # 64 -> 64, 16-bit channels_last training: the forward on conv3x3_wgmma_stats (compute
+    # capability 9.0, _C_sm90a built; else cuDNN's convolution), one tile of 17 rows per image, 7
+    # of them inside it. Not float32 / float64 at this shape: there initcheck flagged the reads of
+    # the channels_last float32 convolution's output (cuDNN's kernel), as it does for cuDNN's 1x1
+    # kernels (_smoke.py's residual cases)
+    for dtype in (torch.float16,) if quick else (torch.float16, torch.bfloat16):
+        x = torch.randn(2, 64, 7, 5, device=device, dtype=dtype).contiguous(memory_format=torch.channels_last)
+        cw = (torch.randn(64, 64, 3, 3, device=device, dtype=dtype) * 0.1).requires_grad_(True)
+        gw = (torch.rand(64, device=device) + 0.5).requires_grad_(True)
+        gb = torch.randn(64, device=device).requires_grad_(True)
+        rm, rv = torch.zeros(64, device=device), torch.ones(64, device=device)
+        xg = x.detach().requires_grad_(True)
+        y = conv_bn_relu(xg, cw, None, gw, gb, rm, rv, True, 0.1, 1e-5, 1, 1, 1, 1)
+        y.backward(torch.randn_like(y))
+        calls += 1
     return calls

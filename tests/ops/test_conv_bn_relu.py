@@ -836,7 +836,8 @@ def _run_cbr_child(body: str, tile: str, cudnn_stats: bool = False, extra: dict 
     other CBR / BN switches unset but those in extra; the cuDNN statistics path (opt-in) on only
     with cudnn_stats) and returns the JSON of its last line."""
     env = dict(os.environ)
-    for var in (CBR_TILE_ENV, CBR_V1_ENV, "CUDADOCTOR_OPS_BN_FUSED_NCHW", "CUDADOCTOR_OPS_BN_SINGLEREAD",
+    for var in (CBR_TILE_ENV, CBR_V1_ENV, "CUDADOCTOR_OPS_CBR_WGMMA",
+                "CUDADOCTOR_OPS_BN_FUSED_NCHW", "CUDADOCTOR_OPS_BN_SINGLEREAD",
                 CUDNN_STATS_ENV, CBR_BN_BWD_ENV, "CUDADOCTOR_OPS_BN_BWD_TILE",
                 "CUDADOCTOR_OPS_BN_BWD_STREAM", "CUDADOCTOR_OPS_BN_BWD_STREAM_SPLITS"):
         env.pop(var, None)
@@ -2460,18 +2461,18 @@ print(json.dumps(out))
 @gpu
 @wgmma
 @pytest.mark.gpu
-@pytest.mark.parametrize("switch", ["on", "default"])
+@pytest.mark.parametrize("switch", ["default", "off"])
 def test_wgmma_training_forward_matches_torch(switch):
-    """With CUDADOCTOR_OPS_CBR_WGMMA=1 the 16-bit channels_last training forward of 64 -> 64 3x3
-    blocks runs conv3x3_wgmma_stats (then cbr_apply_sums_nhwc); not by default, nor with 32 input
-    channels: three training steps of ConvBNReLU2d against Conv2d -> BatchNorm2d -> ReLU (output,
-    running statistics with every momentum kind, num_batches_tracked, every gradient)."""
-    extra = {"CUDADOCTOR_OPS_CBR_WGMMA": "1"} if switch == "on" else {}
+    """By default the 16-bit channels_last training forward of 64 -> 64 3x3 blocks runs
+    conv3x3_wgmma_stats (then cbr_apply_sums_nhwc); not with CUDADOCTOR_OPS_CBR_WGMMA=0, nor with
+    32 input channels: three training steps of ConvBNReLU2d against Conv2d -> BatchNorm2d -> ReLU
+    (output, running statistics with every momentum kind, num_batches_tracked, every gradient)."""
+    extra = {"CUDADOCTOR_OPS_CBR_WGMMA": "0"} if switch == "off" else {}
     res = _run_cbr_child(_CBR_WGMMA_CHILD, "default", extra=extra)
     assert len(res) == 12
     for key, r in res.items():
         dtype = torch.float16 if key.startswith("float16") else torch.bfloat16
-        applies = switch == "on" and "x32x" not in key
+        applies = switch == "default" and "x32x" not in key
         assert all(r["tile"]) == applies and any(r["tile"]) == applies, (key, r["tile"])
         assert not any(r["update_kernel"]), (key, r["update_kernel"])
         _check_steps(key, r, 3, TOL[dtype], "track_running_stats" not in key)
