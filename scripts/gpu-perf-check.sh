@@ -4,6 +4,12 @@
 #   scripts/gpu-perf-check.sh [SECTION...]      default: build tests bench
 #
 #   build     cudadoctor build --backend local --arch $ARCHS (default 9.0) of opsrc; install it
+#             (and copy it to $OUT/wheel/, so that a later call on a fresh machine can carry it)
+#   install   instead of build: install the wheel in $WHEEL_DIR (default .gpuwheel; a folder
+#             carried from an earlier call's $OUT/wheel: wheel.bin and name.txt)
+#   sanitize  compute-sanitizer's four tools at once, each over
+#             python -m cudadoctor_ops.sanitize $SAN_PARTS (default conv_bn_relu); logs
+#             sanitize-TOOL.log, the ERROR SUMMARY lines in summary.txt
 #   tests     in parallel: pytest tests/ops and cudadoctor smoke --installed (all four sanitizers;
 #             SMOKE=0: pytest alone)
 #   smoke     cudadoctor smoke --installed alone
@@ -24,8 +30,8 @@
 #             $NCU_ENVS when given (e.g. "CUDADOCTOR_OPS_BN_STATS_PIPE=0 CUDADOCTOR_OPS_BN_STATS_PIPE=4";
 #             a comma joins the settings of one run)
 # The sections after `build` use the installed wheel, so on a machine still warm from an earlier
-# call they can run alone. Writes at most 9 files to $OUT: summary.txt build.log tests.log
-# smoke.log bench.txt cbr.txt variants.txt kvariants.txt profile.txt. Environment: OUT, PYTHON, ARCHS, T_*, GPU_WHEELS,
+# call they can run alone. Writes to $OUT: summary.txt build.log tests.log smoke.log bench.txt
+# cbr.txt variants.txt kvariants.txt profile.txt sanitize-*.log wheel/. Environment: OUT, PYTHON, ARCHS, T_*, GPU_WHEELS,
 # TEST_PATHS (pytest paths of `tests`, default tests/ops), TEST_K (pytest -k of `tests`), TEST_WORKERS (pytest-xdist workers, default 14: tests/ops took about 210 s that way on the H200
 # machine, then over 250 s once the switch tests of the depthwise weight gradient, bn_tile_nhwc's
 # merge batch and Conv+BN+ReLU's contiguous forward were added; T_TESTS defaults to 490: 361 s on 2026-11-30 with
@@ -74,13 +80,51 @@ section_build() {
     say "no installable wheel"
     return 1
   fi
-  # the package imports (its ops register) here, not in every test; `cudadoctor build` has already
-  # refused a shared object that does not load (its load check)
+  # (as wheel.bin + name.txt: $OUT's files come back only under plain names, and a wheel's has a +)
+  mkdir -p "$OUT/wheel" && cp "$whl" "$OUT/wheel/wheel.bin" && basename "$whl" >"$OUT/wheel/name.txt"
+  check_import
+}
+
+# the package imports (its ops register) here, not in every test; `cudadoctor build` has already
+# refused a shared object that does not load (its load check)
+check_import() {
   if ! (cd "$L" && "$PY" -c "import cudadoctor_ops" >>"$OUT/build.log" 2>&1); then
     say "the installed wheel does not import: $(tail -n 1 "$OUT/build.log" | cut -c1-300)"
     return 1
   fi
   say "import: ok; cudnn_conv_stats kernel: $(cd "$L" && "$PY" -c "from cudadoctor_ops import cudnn_stats as c; print(c._CPP)" 2>&1 | tail -n 1)"
+}
+
+section_install() {
+  say "GPU: $(nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader 2>&1)"
+  local whl d="${WHEEL_DIR:-.gpuwheel}"
+  whl=$(ls "$d"/cudadoctor_ops-*.whl 2>/dev/null | head -n 1)
+  if [ -z "$whl" ] && [ -f "$d/wheel.bin" ] && [ -f "$d/name.txt" ]; then
+    whl="$L/dist/$(cat "$d/name.txt")"
+    cp "$d/wheel.bin" "$whl"
+  fi
+  if [ -z "$whl" ] || ! "$PY" -m pip install -q --no-deps --force-reinstall "$whl" >"$OUT/build.log" 2>&1; then
+    say "no installable wheel in ${WHEEL_DIR:-.gpuwheel}"
+    return 1
+  fi
+  say "installed $(basename "$whl")"
+  check_import
+}
+
+section_sanitize() {
+  local cs tool pids=()
+  cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+  [ -z "$cs" ] && { say "sanitize: compute-sanitizer not found"; return 0; }
+  for tool in memcheck racecheck initcheck synccheck; do
+    ( cd "$L" && PYTORCH_NO_CUDA_MEMORY_CACHING=1 lim "${T_SANITIZE:-300}" "$cs" --tool "$tool" \
+        --error-exitcode 9 "$PY" -m cudadoctor_ops.sanitize ${SAN_PARTS:-conv_bn_relu} \
+        >"$OUT/sanitize-$tool.log" 2>&1; echo "[exit $?]" >>"$OUT/sanitize-$tool.log" ) &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+  for tool in memcheck racecheck initcheck synccheck; do
+    say "sanitize $tool: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool.log" | tail -n 1) $(grep -vE '^\[exit|^=' "$OUT/sanitize-$tool.log" | tail -n 1 | cut -c1-200) $(tail -n 1 "$OUT/sanitize-$tool.log")"
+  done
 }
 
 section_tests() {
@@ -176,6 +220,6 @@ sections=("$@")
 [ ${#sections[@]} -eq 0 ] && sections=(build tests bench)
 for s in "${sections[@]}"; do
   declare -F "section_$s" >/dev/null || { echo "unknown section: $s" >&2; exit 2; }
-  "section_$s" || { [ "$s" = build ] && exit 1; }
+  "section_$s" || { [ "$s" = build ] || [ "$s" = install ] && exit 1; }
 done
 say "total $((SECONDS - T0))s"

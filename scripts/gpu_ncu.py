@@ -1,6 +1,6 @@
 """Kernels to look at under Nsight Compute, run once each between cudaProfilerStart/Stop.
 
-    ncu --profile-from-start off --section SpeedOfLight ... python scripts/gpu_ncu.py [dw] [bn] [bnh] [bnbig] [bnstats] [tile] [bwdtile] [dws] [dwk5] [hmma]
+    ncu --profile-from-start off --section SpeedOfLight ... python scripts/gpu_ncu.py [dw] [bn] [bnh] [bnbig] [bnstats] [tile] [bwdtile] [dws] [dwk5] [hmma] [cbrapply]
 
 Each case runs ours and torch's version twice before the profiled region (so lazy set-up, cuDNN
 heuristics and caches stay out of it), then once inside it.
@@ -106,6 +106,19 @@ def cases(parts):
                 out.append((f"conv3x3+relu {(n, c, h, w)}->{k} fp16 nhwc {label}",
                             lambda x=x, wt=wt, impl=impl, conv=conv: conv(x, wt, None, [1, 1], [1, 1], [1, 1], 1,
                                                                           impl)))
+    if "cbrapply" in parts:
+        # Conv+BN+ReLU's training forward at (32,64,56,56)->64 float16 channels_last (the wgmma
+        # convolution, then cbr_apply_sums_nhwc_v3) and at (64,128,28,28)->128 bfloat16 (cuDNN, the
+        # statistics, cbr_apply_nhwc_v2), against torch.relu over a tensor of the same size: an
+        # elementwise pass that reads and writes as much (ncu --kernel-name picks the kernels)
+        for (n, c, h, w), dt in [((32, 64, 56, 56), torch.float16), ((64, 128, 28, 28), torch.bfloat16)]:
+            torch.manual_seed(0)
+            ref = torch.nn.Sequential(torch.nn.Conv2d(c, c, 3, padding=1, bias=False), torch.nn.BatchNorm2d(c),
+                                      torch.nn.ReLU()).cuda().to(dt).to(memory_format=torch.channels_last)
+            fused = ops.fuse_conv_bn_relu(ref)
+            x = torch.randn(n, c, h, w, device="cuda", dtype=dt).contiguous(memory_format=torch.channels_last)
+            out.append((f"cbr train fwd {(n, c, h, w)} {dt} ours", lambda f=fused, x=x: f(x)))
+            out.append((f"relu {(n, c, h, w)} {dt} torch", lambda x=x: torch.relu(x)))
     # single depthwise forward rows: dws, (1,64,128,128) float32 3x3, below its 2x target;
     # dwk5, (64,240,28,28) float16 channels_last 5x5, the forward row cuDNN's fp16 kernel still wins
     for part, (n, c, h, w), k, dt, cl in [("dws", (1, 64, 128, 128), 3, torch.float32, False),

@@ -1,6 +1,6 @@
 """Kernel-level breakdown of cudadoctor_ops against torch on a few cases, for tuning.
 
-    python scripts/gpu_profile.py [bn] [cbr] [cbrnchw] [cbrbf16] [cbrfp16] [dw] [cbrstats] [bnmiss] [dwt] [dwmiss]
+    python scripts/gpu_profile.py [bn] [cbr] [cbrnchw] [cbrbf16] [cbrfp16] [dw] [cbrstats] [bnmiss] [dwt] [dwmiss] [cbrapply]
 
 Per case and side (ours / torch): the GPU time of one call from CUDA events with an L2 flush
 before it (as the bench measures), the host time of one call (perf_counter over 200 calls without
@@ -269,9 +269,27 @@ def dwmiss() -> None:
                (64, 192, 28, 28, 3, 1, torch.float16, True)])
 
 
+def cbrapply() -> None:
+    """conv_bn_relu_apply_sums alone on the fp16 block's conv output (32,64,56,56) channels_last
+    (the wgmma path's apply, one launch): with the running statistics and num_batches_tracked to
+    update (the completion counter: each block counts itself after a fence) and without (a plain
+    launch), against torch.relu over the same tensor (an elementwise pass of the same size)."""
+    y = torch.randn(32, 64, 56, 56, device="cuda", dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    d = y.double()
+    sums = torch.stack([d.sum((0, 2, 3)), (d * d).sum((0, 2, 3))]).float().contiguous()
+    w, b = torch.rand(64, device="cuda") + 0.5, torch.randn(64, device="cuda")
+    rm, rv, nbt = torch.zeros(64, device="cuda"), torch.ones(64, device="cuda"), torch.zeros(1, dtype=torch.long, device="cuda")
+    apply = torch.ops.cudadoctor_ops.conv_bn_relu_apply_sums
+    show("apply_sums (32, 64, 56, 56) fp16 nhwc: update / none",
+         lambda: apply(y, sums, w, b, rm, rv, nbt, 0.1, 1e-5, False),
+         lambda: apply(y, sums, w, b, None, None, None, 0.1, 1e-5, False), labels=("upd", "none"))
+    show("apply_sums with update / torch.relu (32, 64, 56, 56) fp16 nhwc",
+         lambda: apply(y, sums, w, b, rm, rv, nbt, 0.1, 1e-5, False), lambda: torch.relu(y))
+
+
 if __name__ == "__main__":
     print(torch.__version__, torch.cuda.get_device_name())
     torch.backends.cudnn.benchmark = True
     for part in sys.argv[1:] or ["bn", "cbr", "dw"]:
         {"bn": bn, "cbr": cbr, "cbrnchw": cbrnchw, "cbrbf16": cbrbf16, "cbrfp16": cbrfp16, "dw": dw, "cbrstats": cbrstats, "bnmiss": bnmiss,
-         "dwt": dwt, "dwmiss": dwmiss}[part]()
+         "dwt": dwt, "dwmiss": dwmiss, "cbrapply": cbrapply}[part]()

@@ -19,6 +19,11 @@
          (one warp per channel in the finalize)
     cbr  Conv+BN+ReLU training forward and fwd+bwd, channels_last 16-bit (CUDADOCTOR_OPS_BN_NHWC_TILE_WIDE=0,
          _STASH=0, CUDADOCTOR_OPS_CBR_TILE=0)
+    cbra Conv+BN+ReLU training forward (eager and CUDA-graph replay) and fwd+bwd (graph) on the
+         channels-last blocks of CBR_CASES, default against CUDADOCTOR_OPS_CBR_APPLY_ROUNDS=0 (the
+         apply passes' loops before their rounds, and the cooperative apply-from-sums kernel) and
+         CUDADOCTOR_OPS_CBR_APPLY_V4=2 / 4 (the apply from sums in short blocks); default and
+         APPLY_ROUNDS=0 twice
     cbrb Conv+BN+ReLU fwd+bwd in CUDA-graph replay on the channels-last blocks of CBR_CASES
          (CUDADOCTOR_OPS_BN_BWD_TILE_STASH=0 / _CT=32 as for bnp; CUDADOCTOR_OPS_BN_BWD_TILE=0: the
          masked backward on bn_bwd_fused_nhwc instead of bn_bwd_tile_nhwc)
@@ -113,6 +118,8 @@ CBR_CASES = [((32, 64, 56, 56), 64, "float16"), ((64, 128, 28, 28), 128, "bfloat
              ((64, 512, 7, 7), 512, "bfloat16")]
 CBR_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_NHWC_TILE_WIDE": "0"}, {"CUDADOCTOR_OPS_BN_NHWC_TILE_STASH": "0"},
                 {"CUDADOCTOR_OPS_CBR_TILE": "0"}]
+_AR0 = {"CUDADOCTOR_OPS_CBR_APPLY_ROUNDS": "0"}
+CBRA_SETTINGS = [{}, _AR0, {"CUDADOCTOR_OPS_CBR_APPLY_V4": "2"}, {"CUDADOCTOR_OPS_CBR_APPLY_V4": "4"}, {}, _AR0]
 CBRB_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_BWD_TILE_STASH": "0"}, {"CUDADOCTOR_OPS_BN_BWD_TILE_CT": "32"},
                  {"CUDADOCTOR_OPS_BN_BWD_TILE": "0"}]
 # cbrst: Conv+BN+ReLU blocks whose outputs are past bn_bwd_tile_nhwc's stash (12.8M and 25.7M
@@ -317,6 +324,19 @@ def _child(part: str) -> None:
                         graph_ms(timer, fb_r) or float("nan"), e < 2e-2])
             del fused, ref, x, xg, g
             torch.cuda.empty_cache()
+    elif part == "cbra":
+        from cudadoctor_ops.bench_cbr import graph_ms
+
+        for shape, k, dts, fused, ref, x, xg, g, e in _cbr_blocks(CBR_CASES, err):
+            fwd_o, fwd_r = (lambda: fused(x)), (lambda: ref(x))  # noqa: B023 - called in this iteration
+            fb_o, fb_r = (lambda: fused(xg).backward(g)), (lambda: ref(xg).backward(g))  # noqa: B023
+            out.append([f"cbr train fwd {shape}->{k} {dts}", timer(fwd_o), timer(fwd_r), e < 2e-2])
+            out.append([f"cbr train fwd {shape}->{k} {dts} (graph)", graph_ms(timer, fwd_o) or float("nan"),
+                        graph_ms(timer, fwd_r) or float("nan"), e < 2e-2])
+            out.append([f"cbr fwd+bwd {shape}->{k} {dts} (graph)", graph_ms(timer, fb_o) or float("nan"),
+                        graph_ms(timer, fb_r) or float("nan"), e < 2e-2])
+            del fused, ref, x, xg, g
+            torch.cuda.empty_cache()
     elif part in ("cbrb", "cbrst"):
         from cudadoctor_ops.bench_cbr import graph_ms
 
@@ -456,7 +476,7 @@ def main(argv: list[str]) -> int:
     for part in parts:
         settings = {"bn": BN_SETTINGS, "bnf": BNF_SETTINGS, "bns": BNS_SETTINGS, "bnp": BNP_SETTINGS, "bnnr": BNNR_SETTINGS,
                     "bnst": BNST_SETTINGS,
-                    "cbr": CBR_SETTINGS, "cbrb": CBRB_SETTINGS, "cbrs": CBRS_SETTINGS, "cbrst": CBRST_SETTINGS,
+                    "cbr": CBR_SETTINGS, "cbra": CBRA_SETTINGS, "cbrb": CBRB_SETTINGS, "cbrs": CBRS_SETTINGS, "cbrst": CBRST_SETTINGS,
                     "dw": DW_SETTINGS, "dwn": DWN_SETTINGS, "dwn4": DWN4_SETTINGS,
                     "dwb": DWB_SETTINGS, "dwb4": DWB4_SETTINGS, "dww": DWW_SETTINGS,
                     "dwh": DWH_SETTINGS, "dwbh": DWBH_SETTINGS, "dw7": DW7_SETTINGS, "dw7q": DW7Q_SETTINGS,

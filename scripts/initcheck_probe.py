@@ -9,7 +9,11 @@ Cases (N=2, C_in=8, C_out=16, 6x10 image, float16 channels_last, no conv bias):
   ours_k1     cudadoctor_ops.conv_bn_relu training forward + backward, 1x1 (no residual)
   res_k1      the same with a residual (the ResNet block tail), 1x1
   res_k3      the same with a residual, 3x3
-Prints the error count of each case.
+  torch_f32_I / ours_f32_I   (I = 0 .. 4) the float32 channels_last cases of
+              `python -m cudadoctor_ops.sanitize conv_bn_relu` (its (N, C_in, H, W, C_out, groups)
+              list, 3x3, padding 1): cuDNN's convolution then torch's clone and sum / our
+              training forward + backward
+Prints the error count of each case (`f32` as the only argument: the f32 cases alone).
 """
 from __future__ import annotations
 
@@ -19,11 +23,44 @@ import subprocess
 import sys
 
 CASES = ["torch_k1", "torch_k3", "ours_k1", "res_k1", "res_k3"]
+# sanitize_exercise's cases (conv_bn_relu.py)
+F32_SHAPES = [(2, 8, 8, 8, 16, 1), (3, 5, 7, 5, 6, 1), (2, 8, 9, 9, 8, 8), (2, 16, 4, 4, 16, 1), (1, 32, 5, 7, 64, 1)]
+F32_CASES = [f"{who}_f32_{i}" for i in range(len(F32_SHAPES)) for who in ("torch", "ours")]
+
+
+def run_f32(name: str) -> None:
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    n, ci, h, w_, co, g = F32_SHAPES[int(name.rsplit("_", 1)[1])]
+    x = torch.randn(n, ci, h, w_, device="cuda").contiguous(memory_format=torch.channels_last)
+    w = torch.randn(co, ci // g, 3, 3, device="cuda") * 0.3
+    if name.startswith("torch"):
+        y = F.conv2d(x, w, None, 1, 1, 1, g)
+        z = y.clone()
+        print(name, float(z.sum()), float(y.abs().sum()))
+        torch.cuda.synchronize()
+        return
+    import cudadoctor_ops
+
+    xr, wr = x.requires_grad_(True), w.requires_grad_(True)
+    bw = (torch.rand(co, device="cuda") + 0.5).requires_grad_(True)
+    bb = torch.randn(co, device="cuda").requires_grad_(True)
+    rm, rv = torch.zeros(co, device="cuda"), torch.ones(co, device="cuda")
+    out = cudadoctor_ops.conv_bn_relu(xr, wr, None, bw, bb, rm, rv, True, 0.1, 1e-5, 1, 1, 1, g)
+    out.backward(torch.randn_like(out))
+    torch.cuda.synchronize()
+    print(name, float(out.sum()), float(xr.grad.abs().sum()))
 
 
 def run_case(name: str) -> None:
     import torch
     import torch.nn.functional as F
+
+    if "_f32_" in name:
+        run_f32(name)
+        return
 
     torch.manual_seed(0)
     k = 3 if name.endswith("k3") else 1
@@ -55,11 +92,11 @@ def run_case(name: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if argv:
+    if argv and argv[0] != "f32":
         run_case(argv[0])
         return 0
     san = os.environ.get("COMPUTE_SANITIZER", "compute-sanitizer")
-    for name in CASES:
+    for name in F32_CASES if argv else CASES + F32_CASES:
         p = subprocess.run([san, "--tool", "initcheck", "--print-limit", "4", sys.executable, __file__, name],
                            capture_output=True, text=True, timeout=300)
         out = p.stdout + p.stderr

@@ -72,6 +72,7 @@ using bn::NchwWalk;
 using bn::Pack;
 
 constexpr int kGroup = 8;  // elements per mask byte
+constexpr int kApplyRound = 8;  // groups per lane whose loads the apply passes issue at once
 
 template <typename T>
 struct alignas(16) Group {
@@ -679,9 +680,10 @@ __device__ __forceinline__ void store_full(T* __restrict__ p, int g, const Group
   }
 }
 
-// channel of element i of the groups of thread gid (gid * 8 < 2^28: the host keeps S < 2^25)
+// channel of element i of group gid (of the groups of thread gid: gid, gid + S, ...; 64-bit, as
+// cbr_apply_sums_nhwc_v4's gid goes up to nfull)
 __device__ __forceinline__ int group_channel(int gid, int i, int C) {
-  return (gid * kGroup % C + i) % C;
+  return static_cast<int>((int64_t(gid) * kGroup % C + i) % C);
 }
 
 template <typename T, typename A>
@@ -921,7 +923,15 @@ __global__ void __launch_bounds__(kFinThreads)
 // The body of cbr_apply_nhwc_v2 for thread gid < S, the coefficients of channel c from
 // coef_of(c) (a Coef4; c an int, or an int64_t for the partial group).
 // RES: res (x's layout) added after the BatchNorm, before the ReLU (bn_add_relu's roundings).
-template <typename T, bool VEC, typename CoefOf, bool RES = false>
+// RND > 0 (kApplyRound by default; CUDADOCTOR_OPS_CBR_APPLY_ROUNDS=0 selects RND = 0, the loops
+// before it): the lane's groups in rounds of RND (RND / 2 with RES) whose loads are all issued
+// before any of them is used, the last round predicated per group rather than one group at a
+// time, and the first round's loads issued before the coefficients are computed, so their
+// latencies overlap. RND = 0: unpredicated rounds of kUnroll, then the rest one group per lane at
+// a time, the coefficients first. CHUNK (with RND > 0): one round only, the block's chunk of
+// RND * kThreads groups (gid = chunk start + threadIdx.x, S = kThreads; cbr_apply_sums_nhwc_v4).
+template <typename T, bool VEC, typename CoefOf, bool RES = false, int RND = kApplyRound,
+          bool CHUNK = false>
 __device__ __forceinline__ void apply_groups_nhwc(const T* __restrict__ x, T* __restrict__ y,
                                                   uint8_t* __restrict__ mask, CoefOf&& coef_of,
                                                   int gid, int nfull, int tail, int S, int C,
@@ -929,6 +939,25 @@ __device__ __forceinline__ void apply_groups_nhwc(const T* __restrict__ x, T* __
                                                   const T* __restrict__ res = nullptr) {
   using A = typename Acc<T>::type;
   const int lane = threadIdx.x & 31;
+  constexpr bool ROUNDS = RND > 0;
+  constexpr int kR = !ROUNDS ? 1 : (RES && RND > 1 ? RND / 2 : RND);
+  int w0 = gid - lane;  // warp-uniform
+  Group<T> rin[kR], rres[kR];
+  // the lane's groups of the round at warp offset w (zeros past nfull)
+  auto load_round = [&](int w) {
+#pragma unroll
+    for (int u = 0; u < kR; ++u) {
+      const int g = w + u * S + lane;
+      if (g < nfull) {
+        load_full<T, VEC>(x, g, rin[u]);
+        if constexpr (RES) load_full<T, VEC>(res, g, rres[u]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kGroup; ++i) rin[u].v[i] = rres[u].v[i] = T(0);
+      }
+    }
+  };
+  if constexpr (ROUNDS) load_round(w0);
   A km[kGroup], ka[kGroup], kb[kGroup];
 #pragma unroll
   for (int i = 0; i < kGroup; ++i) {
@@ -964,9 +993,34 @@ __device__ __forceinline__ void apply_groups_nhwc(const T* __restrict__ x, T* __
     unsigned word = byte | (__shfl_down_sync(0xffffffffu, byte, 1) << 8);
     return word | (__shfl_down_sync(0xffffffffu, word, 2) << 16);
   };
-  int w0 = gid - lane;
+  if constexpr (ROUNDS) {
+    while (w0 < nfull) {
+#pragma unroll
+      for (int u = 0; u < kR; ++u) {
+        const int wu = w0 + u * S;  // warp-uniform: the shuffles see whole warps
+        if (wu >= nfull) break;
+        const int g = wu + lane;
+        const bool valid = g < nfull;
+        const unsigned word = word_of(one(rin[u], rres[u], g, valid));
+        if ((lane & 3) == 0 && valid) {
+          if (mask_words && g + 3 < nfull) {
+            *reinterpret_cast<uint32_t*>(mask + g) = word;
+          } else {
+            for (int k = 0; k < 4; ++k)
+              if (g + k < nfull) mask[g + k] = static_cast<uint8_t>(word >> (8 * k));
+          }
+        }
+      }
+      if (CHUNK) {
+        w0 = nfull;
+        break;
+      }
+      w0 += kR * S;
+      if (w0 < nfull) load_round(w0);
+    }
+  }
   // full rounds: every lane has all its kUnroll groups
-  for (; w0 + (kUnroll - 1) * S + 32 <= nfull; w0 += kUnroll * S) {
+  for (; !ROUNDS && w0 + (kUnroll - 1) * S + 32 <= nfull; w0 += kUnroll * S) {
     Group<T> in[kUnroll], rg[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -987,7 +1041,7 @@ __device__ __forceinline__ void apply_groups_nhwc(const T* __restrict__ x, T* __
       }
     }
   }
-  // the rest, one group per lane at a time (w0 is warp-uniform)
+  // the rest, one group per lane at a time (w0 is warp-uniform; with ROUNDS w0 >= nfull here)
   for (; w0 < nfull; w0 += S) {
     const int g = w0 + lane;
     const bool valid = g < nfull;
@@ -1026,7 +1080,7 @@ __device__ __forceinline__ void apply_groups_nhwc(const T* __restrict__ x, T* __
   }
 }
 
-template <typename T, bool VEC, bool RES = false>
+template <typename T, bool VEC, bool RES = false, bool ROUNDS = true>
 __global__ void __launch_bounds__(kThreads)
     cbr_apply_nhwc_v2(const T* __restrict__ x, T* __restrict__ y, uint8_t* __restrict__ mask,
                       const Coef4<typename Acc<T>::type>* __restrict__ coef, int nfull, int tail,
@@ -1034,8 +1088,8 @@ __global__ void __launch_bounds__(kThreads)
   const int gid = blockIdx.x * kThreads + threadIdx.x;
   if (gid >= S) return;
   auto coef_of = [&](auto c) { return coef[c]; };
-  apply_groups_nhwc<T, VEC, decltype(coef_of)&, RES>(x, y, mask, coef_of, gid, nfull, tail, S, C,
-                                                     mask_words, res);
+  apply_groups_nhwc<T, VEC, decltype(coef_of)&, RES, ROUNDS ? kApplyRound : 0>(
+      x, y, mask, coef_of, gid, nfull, tail, S, C, mask_words, res);
 }
 
 // Backward sums of the full groups: sum g and sum g * (x - mean) with g = dy * mask, per
@@ -1650,6 +1704,44 @@ int64_t stream_blocks(int64_t ngroups, int per_sm, int device) {
   return b;
 }
 
+// The apply passes in rounds (apply_groups_nhwc's ROUNDS) and conv_bn_relu_apply_sums without
+// a cooperative launch (cbr_apply_sums_nhwc_v3) unless CUDADOCTOR_OPS_CBR_APPLY_ROUNDS=0 (read
+// once).
+bool apply_rounds_enabled() {
+  static const bool on = env_switch("CUDADOCTOR_OPS_CBR_APPLY_ROUNDS") != 0;
+  return on;
+}
+
+// CUDADOCTOR_OPS_CBR_APPLY_V4: 2 or 4 selects cbr_apply_sums_nhwc_v4 with that many groups per
+// thread for conv_bn_relu_apply_sums where 2048 % C == 0; else (the default) 0, v3 (read once).
+int apply_v4_rounds() {
+  static const int r = env_choice("CUDADOCTOR_OPS_CBR_APPLY_V4", {2, 4}, 0);
+  return r;
+}
+
+// The completion counters of cbr_apply_sums_nhwc_v3 / _v4: zero before a launch and after it; one per
+// launch in turn, so launches on different streams do not share one unless kApplySlots of them
+// are in flight at once.
+constexpr int kApplySlots = 1024;
+__device__ unsigned g_apply_counters[kApplySlots];
+std::atomic<unsigned> g_apply_next{0};
+
+// A counter of g_apply_counters on `device` (the current device).
+unsigned* next_apply_counter(int device) {
+  static std::mutex mu;
+  static unsigned* base[64] = {nullptr};
+  TORCH_CHECK(device >= 0 && device < 64, "cudadoctor_ops: device index ", device, " out of range");
+  unsigned* b;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (base[device] == nullptr) {
+      C10_CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&base[device]), g_apply_counters));
+    }
+    b = base[device];
+  }
+  return b + g_apply_next.fetch_add(1u, std::memory_order_relaxed) % kApplySlots;
+}
+
 // The arguments and grid of an apply pass over the channels_last conv_out l.x into out and the
 // mask (cbr_apply_nhwc_v2, cbr_apply_sums_nhwc): 8-element groups, at most one wave of resident
 // blocks of the kernel (stream_blocks), a grid stride that is a multiple of the channel period
@@ -1689,9 +1781,15 @@ void launch_apply_v2(const Layout& l, const at::Tensor& out, const at::Tensor& m
                      const Coef4<typename Acc<T>::type>* cp, const T* res = nullptr) {
   const ApplyPass<T> p(l, out, mask);
   const bool vec = p.vec && (res == nullptr || aligned16(res));
-  auto* apply = res != nullptr ? (vec ? &cbr_apply_nhwc_v2<T, true, true>
-                                      : &cbr_apply_nhwc_v2<T, false, true>)
-                               : (vec ? &cbr_apply_nhwc_v2<T, true> : &cbr_apply_nhwc_v2<T, false>);
+  auto* apply = apply_rounds_enabled()
+                    ? (res != nullptr ? (vec ? &cbr_apply_nhwc_v2<T, true, true>
+                                             : &cbr_apply_nhwc_v2<T, false, true>)
+                                      : (vec ? &cbr_apply_nhwc_v2<T, true>
+                                             : &cbr_apply_nhwc_v2<T, false>))
+                    : (res != nullptr ? (vec ? &cbr_apply_nhwc_v2<T, true, true, false>
+                                             : &cbr_apply_nhwc_v2<T, false, true, false>)
+                                      : (vec ? &cbr_apply_nhwc_v2<T, true, false, false>
+                                             : &cbr_apply_nhwc_v2<T, false, false, false>));
   const FlatPlan ap = p.plan(apply);
   apply<<<ap.blocks, kThreads, 0, p.stream>>>(p.x, p.y, p.mask, cp, p.nfull, p.tail,
                                               static_cast<int>(ap.S), p.C, p.mask_words, res);
@@ -1909,7 +2007,10 @@ __global__ void __launch_bounds__(kThreads)
     k.v[3] = 0;
     return k;
   };
-  if (gid < S) apply_groups_nhwc<T, VEC>(x, y, mask, coef_of, gid, nfull, tail, S, C, mask_words);
+  if (gid < S) {
+    apply_groups_nhwc<T, VEC, decltype(coef_of)&, false, 0>(x, y, mask, coef_of, gid, nfull,
+                                                            tail, S, C, mask_words);
+  }
   if (blockIdx.x == 0) {
     for (int64_t c = threadIdx.x; c < a.C; c += blockDim.x) {
       A mean, var;
@@ -1929,6 +2030,98 @@ __global__ void __launch_bounds__(kThreads)
     sums_mean_var<A>(a, c, mean, var);  // reads channel c's running mean before it is written
     update_running<A>(a.rmean, a.mkind, a.rvar, a.vkind, c, m, mean, var * (cnt / (cnt - A(1))));
   }
+}
+
+// Channel c's apply coefficients from the sums (cbr_finalize_sums's arithmetic).
+template <typename A>
+__device__ __forceinline__ Coef4<A> sums_coef(const SumsArgs<A>& a, int64_t c) {
+  A mean, var;
+  sums_mean_var<A>(a, c, mean, var);
+  Coef4<A> k;
+  k.v[0] = mean;
+  k.v[1] = bn::load_param<A>(a.weight, a.wkind, c, A(1)) * bn::inv_sqrt(var + static_cast<A>(a.eps));
+  k.v[2] = bn::load_param<A>(a.bias, a.bkind, c, A(0));
+  k.v[3] = 0;
+  return k;
+}
+
+// The end of cbr_apply_sums_nhwc_v3 / _v4 after the block's groups: block 0 writes save_mean /
+// save_invstd; where there is something to update (counter not null) the last block to finish
+// updates the running statistics and num_batches_tracked: every block counts itself on `counter`
+// after all of its threads have read their channels' running mean (the shift), and the block that
+// brings it to gridDim.x, which therefore runs after every read, writes them and sets the counter
+// back to zero. No grid-wide wait: the other blocks exit as soon as they are counted.
+template <typename A>
+__device__ __forceinline__ void sums_finish(const SumsArgs<A>& a, unsigned* __restrict__ counter) {
+  __shared__ bool s_last;
+  if (blockIdx.x == 0) {
+    for (int64_t c = threadIdx.x; c < a.C; c += blockDim.x) {
+      A mean, var;
+      sums_mean_var<A>(a, c, mean, var);
+      a.save_mean[c] = mean;
+      a.save_invstd[c] = bn::inv_sqrt(var + static_cast<A>(a.eps));
+    }
+  }
+  if (counter == nullptr) return;  // the same for every block
+  __syncthreads();                 // this block's reads of the shift are done
+  if (threadIdx.x == 0) {
+    __threadfence();
+    s_last = atomicAdd(counter, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  const A m = step_momentum<A>(a.nbt, a.momentum);
+  if (a.rmean != nullptr && a.rvar != nullptr) {
+    const A cnt = static_cast<A>(a.count);
+    for (int64_t c = threadIdx.x; c < a.C; c += blockDim.x) {
+      A mean, var;
+      sums_mean_var<A>(a, c, mean, var);  // reads channel c's running mean before it is written
+      update_running<A>(a.rmean, a.mkind, a.rvar, a.vkind, c, m, mean,
+                        var * (cnt / (cnt - A(1))));
+    }
+  }
+  if (threadIdx.x == 0) *counter = 0u;
+}
+
+// cbr_apply_sums_nhwc without the cooperative launch (CUDADOCTOR_OPS_CBR_APPLY_ROUNDS, on by
+// default): one wave of resident blocks, the apply in rounds (apply_groups_nhwc's RND), every
+// thread computing the coefficients of its own channels; then sums_finish.
+template <typename T, bool VEC>
+__global__ void __launch_bounds__(kThreads)
+    cbr_apply_sums_nhwc_v3(const T* __restrict__ x, T* __restrict__ y, uint8_t* __restrict__ mask,
+                           SumsArgs<typename Acc<T>::type> a, int nfull, int tail, int S, int C,
+                           bool mask_words, unsigned* __restrict__ counter) {
+  using A = typename Acc<T>::type;
+  const int gid = blockIdx.x * kThreads + threadIdx.x;
+  const auto coef_of = [&](auto c) { return sums_coef<A>(a, c); };
+  if (gid < S) {
+    apply_groups_nhwc<T, VEC, decltype(coef_of)&>(x, y, mask, coef_of, gid, nfull, tail, S, C,
+                                                  mask_words);
+  }
+  sums_finish<A>(a, counter);
+}
+
+// The same pass as many short blocks instead of one wave (CUDADOCTOR_OPS_CBR_APPLY_V4=R, R = 2
+// or 4; where 2048 % C == 0): block b takes the chunk of R * kThreads groups from
+// b * R * kThreads, thread t its groups t, t + kThreads, ... of it, which hold the channels
+// (8t + i) % C in every chunk; the block computes the C coefficients into shared memory
+// (dynamic, C Coef4) once, then its threads issue their R loads and apply; then sums_finish.
+template <typename T, bool VEC, int R>
+__global__ void __launch_bounds__(kThreads)
+    cbr_apply_sums_nhwc_v4(const T* __restrict__ x, T* __restrict__ y, uint8_t* __restrict__ mask,
+                           SumsArgs<typename Acc<T>::type> a, int nfull, int tail, int C,
+                           bool mask_words, unsigned* __restrict__ counter) {
+  using A = typename Acc<T>::type;
+  extern __shared__ __align__(16) unsigned char s_raw[];
+  Coef4<A>* s_coef = reinterpret_cast<Coef4<A>*>(s_raw);
+  for (int c = threadIdx.x; c < C; c += kThreads) s_coef[c] = sums_coef<A>(a, c);
+  __syncthreads();
+  const auto coef_of = [&](auto c) { return s_coef[c]; };
+  const int gid = blockIdx.x * (R * kThreads) + threadIdx.x;
+  apply_groups_nhwc<T, VEC, decltype(coef_of)&, false, R, true>(x, y, mask, coef_of, gid, nfull,
+                                                                tail, kThreads, C, mask_words);
+  sums_finish<A>(a, counter);
 }
 
 // What conv_bn_relu_update_stats does to the running statistics (undefined tensors: none; the
@@ -2353,7 +2546,8 @@ bool sums_fused_enabled() {
   return on;
 }
 
-// cbr_apply_sums_nhwc over conv_out l.x; false (nothing launched) where its cooperative launch
+// cbr_apply_sums_nhwc_v3 over conv_out l.x (CUDADOCTOR_OPS_CBR_APPLY_ROUNDS not 0); else
+// cbr_apply_sums_nhwc, false (nothing launched) where its cooperative launch
 // (running statistics or num_batches_tracked to update) cannot be resident at once.
 template <typename T>
 bool launch_apply_sums(const Layout& l, const at::Tensor& out, const at::Tensor& mask,
@@ -2361,6 +2555,31 @@ bool launch_apply_sums(const Layout& l, const at::Tensor& out, const at::Tensor&
   using A = typename Acc<T>::type;
   static_assert(std::is_same<A, float>::value, "cbr_apply_sums_nhwc: float32 coefficients");
   ApplyPass<T> p(l, out, mask);  // not const: the cooperative launch takes its fields' addresses
+  const int v4 = apply_v4_rounds();
+  if (v4 != 0 && 2048 % p.C == 0) {
+    auto* k4 = v4 == 2 ? (p.vec ? &cbr_apply_sums_nhwc_v4<T, true, 2> : &cbr_apply_sums_nhwc_v4<T, false, 2>)
+                       : (p.vec ? &cbr_apply_sums_nhwc_v4<T, true, 4> : &cbr_apply_sums_nhwc_v4<T, false, 4>);
+    const int64_t chunk = int64_t(v4) * kThreads;
+    const unsigned blocks = static_cast<unsigned>(std::max<int64_t>(1, (p.nfull + chunk - 1) / chunk));
+    const bool upd = a.nbt != nullptr || (a.rmean != nullptr && a.rvar != nullptr);
+    unsigned* counter = upd ? next_apply_counter(p.device) : nullptr;
+    SumsArgs<A> args = a;
+    k4<<<blocks, kThreads, size_t(p.C) * sizeof(Coef4<A>), p.stream>>>(
+        p.x, p.y, p.mask, args, p.nfull, p.tail, p.C, p.mask_words, counter);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return true;
+  }
+  if (apply_rounds_enabled()) {
+    auto* k3 = p.vec ? &cbr_apply_sums_nhwc_v3<T, true> : &cbr_apply_sums_nhwc_v3<T, false>;
+    const FlatPlan ap = p.plan(k3);
+    const bool upd = a.nbt != nullptr || (a.rmean != nullptr && a.rvar != nullptr);
+    unsigned* counter = upd ? next_apply_counter(p.device) : nullptr;
+    SumsArgs<A> args = a;
+    k3<<<ap.blocks, kThreads, 0, p.stream>>>(p.x, p.y, p.mask, args, p.nfull, p.tail,
+                                             static_cast<int>(ap.S), p.C, p.mask_words, counter);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return true;
+  }
   auto* kernel = p.vec ? &cbr_apply_sums_nhwc<T, true> : &cbr_apply_sums_nhwc<T, false>;
   // at most one wave of resident blocks, as a cooperative launch needs
   const FlatPlan ap = p.plan(kernel);

@@ -1121,6 +1121,14 @@ import cudadoctor_ops  # noqa: F401
 ops = torch.ops.cudadoctor_ops
 g = torch.Generator(device="cuda").manual_seed(5)
 res = {}
+# every completion counter of cbr_apply_sums_nhwc_v3 (1024, one per launch in turn) used once
+# before the calls that are compared: a counter not set back to zero would skip their updates
+y0 = torch.randn(2, 8, 4, 4, device="cuda").half().contiguous(memory_format=torch.channels_last)
+s0 = torch.stack([y0.float().sum((0, 2, 3)), (y0.float() ** 2).sum((0, 2, 3))]).contiguous()
+rm0, rv0 = torch.zeros(8, device="cuda"), torch.ones(8, device="cuda")
+for _ in range(1024):
+    ops.conv_bn_relu_apply_sums(y0, s0, None, None, rm0, rv0, None, 0.1, 1e-5, False)
+torch.cuda.synchronize()
 # (N, C, H, W), dtype, shifted, running statistics, num_batches_tracked, momentum
 cases = [((4, 16, 6, 6), torch.float16, False, True, False, 0.1),
          ((4, 16, 6, 6), torch.bfloat16, True, True, True, -1.0),  # momentum=None: 1 / (nbt + 1)
@@ -1155,29 +1163,47 @@ torch.save(res, sys.argv[1])
 @gpu
 @pytest.mark.gpu
 def test_apply_sums_one_launch_matches_two_kernels(tmp_path):
-    """conv_bn_relu_apply_sums in one launch (cbr_apply_sums_nhwc: the coefficients computed in
-    every thread, the running statistics updated by block 0 after a grid barrier) gives the bits
-    of the finalize + apply pair (CUDADOCTOR_OPS_CBR_SUMS_FUSED=0): out, save_mean, save_invstd,
-    mask, running statistics and num_batches_tracked, shifted and plain sums, momentum None, a
-    partial 8-element group, no update (a plain launch)."""
+    """conv_bn_relu_apply_sums in one launch gives the bits of the finalize + apply pair
+    (CUDADOCTOR_OPS_CBR_SUMS_FUSED=0) in each of its forms: cbr_apply_sums_nhwc_v3 (the default:
+    the coefficients computed in every thread, the running statistics updated by the last block
+    to finish); with CUDADOCTOR_OPS_CBR_APPLY_V4=2 / 4, cbr_apply_sums_nhwc_v4 (short blocks, the
+    coefficients in shared memory; where 2048 % C == 0); with CUDADOCTOR_OPS_CBR_APPLY_ROUNDS=0,
+    cbr_apply_sums_nhwc (block 0 after a grid barrier of a cooperative launch). Compared: out,
+    save_mean, save_invstd, mask, running statistics and num_batches_tracked, over shifted and
+    plain sums, momentum None, a partial 8-element group, no update (a plain launch); the compared
+    calls come after 1024 others, so each reuses a completion counter that an earlier launch set
+    back to zero."""
+    settings = {"v3": {}, "coop": {"CUDADOCTOR_OPS_CBR_APPLY_ROUNDS": "0"},
+                "two": {"CUDADOCTOR_OPS_CBR_SUMS_FUSED": "0"},
+                "v4r2": {"CUDADOCTOR_OPS_CBR_APPLY_V4": "2"}, "v4r4": {"CUDADOCTOR_OPS_CBR_APPLY_V4": "4"}}
     outs = {}
-    for setting in ("1", "0"):
+    for name, setting in settings.items():
         env = dict(os.environ)
-        env["CUDADOCTOR_OPS_CBR_SUMS_FUSED"] = setting
+        env.pop("CUDADOCTOR_OPS_CBR_SUMS_FUSED", None)
+        env.pop("CUDADOCTOR_OPS_CBR_APPLY_ROUNDS", None)
+        env.pop("CUDADOCTOR_OPS_CBR_APPLY_V4", None)
+        env.update(setting)
         env["PYTHONPATH"] = os.pathsep.join(
             [str(pathlib.Path(cudadoctor_ops.__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
-        path = tmp_path / f"fused{setting}.pt"
+        path = tmp_path / f"{name}.pt"
         proc = subprocess.run([sys.executable, "-c", _APPLY_SUMS_CHILD, str(path)], env=env,
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-        outs[setting] = torch.load(path)
-    assert outs["1"].keys() == outs["0"].keys() and len(outs["1"]) == 10
+        outs[name] = torch.load(path)
+    assert all(o.keys() == outs["v3"].keys() for o in outs.values()) and len(outs["v3"]) == 10
+    channels = [16, 16, 12, 24, 64]  # the cases' C: v4 takes those with 2048 % C == 0
     for case in range(5):
-        one, two = outs["1"][f"kernels{case}"], outs["0"][f"kernels{case}"]
-        assert "cbr_apply_sums_nhwc" in one and "cbr_finalize_sums" not in one, (case, one)
+        v3, coop, two = (outs[k][f"kernels{case}"] for k in ("v3", "coop", "two"))
+        assert "cbr_apply_sums_nhwc_v3" in v3 and "cbr_finalize_sums" not in v3, (case, v3)
+        assert "cbr_apply_sums_nhwc" in coop and "cbr_apply_sums_nhwc_v3" not in coop, (case, coop)
         assert "cbr_finalize_sums" in two and "cbr_apply_sums_nhwc" not in two, (case, two)
-        for k, (a, b) in enumerate(zip(outs["1"][case], outs["0"][case])):
-            assert torch.equal(a, b), f"case {case}, result {k}: one launch and two kernels differ"
+        for r in ("v4r2", "v4r4"):
+            names = outs[r][f"kernels{case}"]
+            want = "cbr_apply_sums_nhwc_v4" if 2048 % channels[case] == 0 else "cbr_apply_sums_nhwc_v3"
+            assert want in names and "cbr_finalize_sums" not in names, (case, r, names)
+        for other in ("coop", "two", "v4r2", "v4r4"):
+            for k, (a, b) in enumerate(zip(outs["v3"][case], outs[other][case])):
+                assert torch.equal(a, b), f"case {case}, result {k}: v3 and {other} differ"
 
 
 _CBR_NCHW_CHILD = """
