@@ -22,8 +22,8 @@
     cbra Conv+BN+ReLU training forward (eager and CUDA-graph replay) and fwd+bwd (graph) on the
          channels-last blocks of CBR_CASES, default against CUDADOCTOR_OPS_CBR_APPLY_ROUNDS=0 (the
          apply passes' loops before their rounds, and the cooperative apply-from-sums kernel) and
-         CUDADOCTOR_OPS_CBR_APPLY_V4=2 / 4 (the apply from sums in short blocks); default and
-         APPLY_ROUNDS=0 twice
+         CUDADOCTOR_OPS_CBR_APPLY_V4=4 (the apply from sums in short blocks) and
+         CUDADOCTOR_OPS_CBR_APPLY_V5=1 (its coefficients once per block); default and V5 twice
     cbrb Conv+BN+ReLU fwd+bwd in CUDA-graph replay on the channels-last blocks of CBR_CASES
          (CUDADOCTOR_OPS_BN_BWD_TILE_STASH=0 / _CT=32 as for bnp; CUDADOCTOR_OPS_BN_BWD_TILE=0: the
          masked backward on bn_bwd_fused_nhwc instead of bn_bwd_tile_nhwc)
@@ -119,7 +119,8 @@ CBR_CASES = [((32, 64, 56, 56), 64, "float16"), ((64, 128, 28, 28), 128, "bfloat
 CBR_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_NHWC_TILE_WIDE": "0"}, {"CUDADOCTOR_OPS_BN_NHWC_TILE_STASH": "0"},
                 {"CUDADOCTOR_OPS_CBR_TILE": "0"}]
 _AR0 = {"CUDADOCTOR_OPS_CBR_APPLY_ROUNDS": "0"}
-CBRA_SETTINGS = [{}, _AR0, {"CUDADOCTOR_OPS_CBR_APPLY_V4": "2"}, {"CUDADOCTOR_OPS_CBR_APPLY_V4": "4"}, {}, _AR0]
+_V5 = {"CUDADOCTOR_OPS_CBR_APPLY_V5": "1"}
+CBRA_SETTINGS = [{}, _V5, _AR0, {"CUDADOCTOR_OPS_CBR_APPLY_V4": "4"}, {}, _V5]
 CBRB_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_BWD_TILE_STASH": "0"}, {"CUDADOCTOR_OPS_BN_BWD_TILE_CT": "32"},
                  {"CUDADOCTOR_OPS_BN_BWD_TILE": "0"}]
 # cbrst: Conv+BN+ReLU blocks whose outputs are past bn_bwd_tile_nhwc's stash (12.8M and 25.7M

@@ -930,13 +930,20 @@ __global__ void __launch_bounds__(kFinThreads)
 // latencies overlap. RND = 0: unpredicated rounds of kUnroll, then the rest one group per lane at
 // a time, the coefficients first. CHUNK (with RND > 0): one round only, the block's chunk of
 // RND * kThreads groups (gid = chunk start + threadIdx.x, S = kThreads; cbr_apply_sums_nhwc_v4).
+// pre(): called by every thread after the first round's loads are issued, before coef_of is
+// first called (cbr_apply_sums_nhwc_v5 fills its shared-memory coefficients there).
+struct NoPre {
+  __device__ void operator()() const {}
+};
+
 template <typename T, bool VEC, typename CoefOf, bool RES = false, int RND = kApplyRound,
-          bool CHUNK = false>
+          bool CHUNK = false, typename Pre = NoPre>
 __device__ __forceinline__ void apply_groups_nhwc(const T* __restrict__ x, T* __restrict__ y,
                                                   uint8_t* __restrict__ mask, CoefOf&& coef_of,
                                                   int gid, int nfull, int tail, int S, int C,
                                                   bool mask_words,
-                                                  const T* __restrict__ res = nullptr) {
+                                                  const T* __restrict__ res = nullptr,
+                                                  Pre&& pre = Pre{}) {
   using A = typename Acc<T>::type;
   const int lane = threadIdx.x & 31;
   constexpr bool ROUNDS = RND > 0;
@@ -958,6 +965,7 @@ __device__ __forceinline__ void apply_groups_nhwc(const T* __restrict__ x, T* __
     }
   };
   if constexpr (ROUNDS) load_round(w0);
+  pre();
   A km[kGroup], ka[kGroup], kb[kGroup];
 #pragma unroll
   for (int i = 0; i < kGroup; ++i) {
@@ -1719,7 +1727,14 @@ int apply_v4_rounds() {
   return r;
 }
 
-// The completion counters of cbr_apply_sums_nhwc_v3 / _v4: zero before a launch and after it; one per
+// CUDADOCTOR_OPS_CBR_APPLY_V5=1 selects cbr_apply_sums_nhwc_v5 for conv_bn_relu_apply_sums where
+// 2048 % C == 0 (read once; default off).
+bool apply_v5_enabled() {
+  static const bool on = env_switch("CUDADOCTOR_OPS_CBR_APPLY_V5") > 0;
+  return on;
+}
+
+// The completion counters of cbr_apply_sums_nhwc_v3 / _v4 / _v5: zero before a launch and after it; one per
 // launch in turn, so launches on different streams do not share one unless kApplySlots of them
 // are in flight at once.
 constexpr int kApplySlots = 1024;
@@ -2045,6 +2060,23 @@ __device__ __forceinline__ Coef4<A> sums_coef(const SumsArgs<A>& a, int64_t c) {
   return k;
 }
 
+// The last block's part (every thread of it): the running statistics and num_batches_tracked
+// from the sums, then the completion counter back to zero.
+template <typename A>
+__device__ __forceinline__ void sums_update_last(const SumsArgs<A>& a, unsigned* __restrict__ counter) {
+  const A m = step_momentum<A>(a.nbt, a.momentum);
+  if (a.rmean != nullptr && a.rvar != nullptr) {
+    const A cnt = static_cast<A>(a.count);
+    for (int64_t c = threadIdx.x; c < a.C; c += blockDim.x) {
+      A mean, var;
+      sums_mean_var<A>(a, c, mean, var);  // reads channel c's running mean before it is written
+      update_running<A>(a.rmean, a.mkind, a.rvar, a.vkind, c, m, mean,
+                        var * (cnt / (cnt - A(1))));
+    }
+  }
+  if (threadIdx.x == 0) *counter = 0u;
+}
+
 // The end of cbr_apply_sums_nhwc_v3 / _v4 after the block's groups: block 0 writes save_mean /
 // save_invstd; where there is something to update (counter not null) the last block to finish
 // updates the running statistics and num_batches_tracked: every block counts itself on `counter`
@@ -2071,17 +2103,7 @@ __device__ __forceinline__ void sums_finish(const SumsArgs<A>& a, unsigned* __re
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-  const A m = step_momentum<A>(a.nbt, a.momentum);
-  if (a.rmean != nullptr && a.rvar != nullptr) {
-    const A cnt = static_cast<A>(a.count);
-    for (int64_t c = threadIdx.x; c < a.C; c += blockDim.x) {
-      A mean, var;
-      sums_mean_var<A>(a, c, mean, var);  // reads channel c's running mean before it is written
-      update_running<A>(a.rmean, a.mkind, a.rvar, a.vkind, c, m, mean,
-                        var * (cnt / (cnt - A(1))));
-    }
-  }
-  if (threadIdx.x == 0) *counter = 0u;
+  sums_update_last<A>(a, counter);
 }
 
 // cbr_apply_sums_nhwc without the cooperative launch (CUDADOCTOR_OPS_CBR_APPLY_ROUNDS, on by
@@ -2122,6 +2144,56 @@ __global__ void __launch_bounds__(kThreads)
   apply_groups_nhwc<T, VEC, decltype(coef_of)&, false, R, true>(x, y, mask, coef_of, gid, nfull,
                                                                 tail, kThreads, C, mask_words);
   sums_finish<A>(a, counter);
+}
+
+// cbr_apply_sums_nhwc_v3 with the coefficients computed once per block (CUDADOCTOR_OPS_CBR_APPLY_V5=1;
+// where 2048 % C == 0, so that the grid is S threads exactly): after issuing its first round's
+// loads each block computes the C coefficients into shared memory (dynamic, C Coef4; block 0
+// also writes save_mean / save_invstd from the same values) and counts itself on `counter` right
+// then, when its reads of the shift are done and it has no stores in flight; the block that
+// brings the count to gridDim.x updates the running statistics after its groups. v3 instead
+// computes every thread's 8 channels in that thread (about 100 instructions each) and counts
+// after its stores, behind a fence that waits for them.
+template <typename T, bool VEC>
+__global__ void __launch_bounds__(kThreads)
+    cbr_apply_sums_nhwc_v5(const T* __restrict__ x, T* __restrict__ y, uint8_t* __restrict__ mask,
+                           SumsArgs<typename Acc<T>::type> a, int nfull, int tail, int S, int C,
+                           bool mask_words, unsigned* __restrict__ counter) {
+  using A = typename Acc<T>::type;
+  extern __shared__ __align__(16) unsigned char s_raw5[];
+  Coef4<A>* s_coef = reinterpret_cast<Coef4<A>*>(s_raw5);
+  __shared__ bool s_last;
+  const int gid = blockIdx.x * kThreads + threadIdx.x;  // < S: the grid is S threads
+  auto pre = [&]() {
+    for (int c = threadIdx.x; c < C; c += kThreads) {
+      A mean, var;
+      sums_mean_var<A>(a, c, mean, var);
+      const A invstd = bn::inv_sqrt(var + static_cast<A>(a.eps));
+      Coef4<A> k;
+      k.v[0] = mean;
+      k.v[1] = bn::load_param<A>(a.weight, a.wkind, c, A(1)) * invstd;
+      k.v[2] = bn::load_param<A>(a.bias, a.bkind, c, A(0));
+      k.v[3] = 0;
+      s_coef[c] = k;  // (the stores use the loaded shift: its reads are done at the barrier)
+      if (blockIdx.x == 0) {
+        a.save_mean[c] = mean;
+        a.save_invstd[c] = invstd;
+      }
+    }
+    __syncthreads();
+    if (counter != nullptr && threadIdx.x == 0) {
+      __threadfence();
+      s_last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    }
+  };
+  const auto coef_of = [&](auto c) { return s_coef[c]; };
+  apply_groups_nhwc<T, VEC, decltype(coef_of)&, false, kApplyRound, false, decltype(pre)&>(
+      x, y, mask, coef_of, gid, nfull, tail, S, C, mask_words, nullptr, pre);
+  if (counter == nullptr) return;  // the same for every block
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  sums_update_last<A>(a, counter);
 }
 
 // What conv_bn_relu_update_stats does to the running statistics (undefined tensors: none; the
@@ -2555,6 +2627,19 @@ bool launch_apply_sums(const Layout& l, const at::Tensor& out, const at::Tensor&
   using A = typename Acc<T>::type;
   static_assert(std::is_same<A, float>::value, "cbr_apply_sums_nhwc: float32 coefficients");
   ApplyPass<T> p(l, out, mask);  // not const: the cooperative launch takes its fields' addresses
+  if (apply_v5_enabled() && 2048 % p.C == 0) {
+    auto* k5 = p.vec ? &cbr_apply_sums_nhwc_v5<T, true> : &cbr_apply_sums_nhwc_v5<T, false>;
+    const FlatPlan ap = p.plan(k5);
+    // 2048 % C == 0: the channel period divides kThreads, so S is a whole number of blocks
+    TORCH_INTERNAL_ASSERT(ap.S == int64_t(ap.blocks) * kThreads, "cbr_apply_sums_nhwc_v5: grid");
+    const bool upd = a.nbt != nullptr || (a.rmean != nullptr && a.rvar != nullptr);
+    unsigned* counter = upd ? next_apply_counter(p.device) : nullptr;
+    SumsArgs<A> args = a;
+    k5<<<ap.blocks, kThreads, size_t(p.C) * sizeof(Coef4<A>), p.stream>>>(
+        p.x, p.y, p.mask, args, p.nfull, p.tail, static_cast<int>(ap.S), p.C, p.mask_words, counter);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return true;
+  }
   const int v4 = apply_v4_rounds();
   if (v4 != 0 && 2048 % p.C == 0) {
     auto* k4 = v4 == 2 ? (p.vec ? &cbr_apply_sums_nhwc_v4<T, true, 2> : &cbr_apply_sums_nhwc_v4<T, false, 2>)

@@ -1167,7 +1167,9 @@ def test_apply_sums_one_launch_matches_two_kernels(tmp_path):
     (CUDADOCTOR_OPS_CBR_SUMS_FUSED=0) in each of its forms: cbr_apply_sums_nhwc_v3 (the default:
     the coefficients computed in every thread, the running statistics updated by the last block
     to finish); with CUDADOCTOR_OPS_CBR_APPLY_V4=2 / 4, cbr_apply_sums_nhwc_v4 (short blocks, the
-    coefficients in shared memory; where 2048 % C == 0); with CUDADOCTOR_OPS_CBR_APPLY_ROUNDS=0,
+    coefficients in shared memory; where 2048 % C == 0); with CUDADOCTOR_OPS_CBR_APPLY_V5=1,
+    cbr_apply_sums_nhwc_v5 (v3's grid, the block's coefficients in shared memory, counted before
+    the stores; where 2048 % C == 0); with CUDADOCTOR_OPS_CBR_APPLY_ROUNDS=0,
     cbr_apply_sums_nhwc (block 0 after a grid barrier of a cooperative launch). Compared: out,
     save_mean, save_invstd, mask, running statistics and num_batches_tracked, over shifted and
     plain sums, momentum None, a partial 8-element group, no update (a plain launch); the compared
@@ -1175,13 +1177,15 @@ def test_apply_sums_one_launch_matches_two_kernels(tmp_path):
     back to zero."""
     settings = {"v3": {}, "coop": {"CUDADOCTOR_OPS_CBR_APPLY_ROUNDS": "0"},
                 "two": {"CUDADOCTOR_OPS_CBR_SUMS_FUSED": "0"},
-                "v4r2": {"CUDADOCTOR_OPS_CBR_APPLY_V4": "2"}, "v4r4": {"CUDADOCTOR_OPS_CBR_APPLY_V4": "4"}}
+                "v4r2": {"CUDADOCTOR_OPS_CBR_APPLY_V4": "2"}, "v4r4": {"CUDADOCTOR_OPS_CBR_APPLY_V4": "4"},
+                "v5": {"CUDADOCTOR_OPS_CBR_APPLY_V5": "1"}}
     outs = {}
     for name, setting in settings.items():
         env = dict(os.environ)
         env.pop("CUDADOCTOR_OPS_CBR_SUMS_FUSED", None)
         env.pop("CUDADOCTOR_OPS_CBR_APPLY_ROUNDS", None)
         env.pop("CUDADOCTOR_OPS_CBR_APPLY_V4", None)
+        env.pop("CUDADOCTOR_OPS_CBR_APPLY_V5", None)
         env.update(setting)
         env["PYTHONPATH"] = os.pathsep.join(
             [str(pathlib.Path(cudadoctor_ops.__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
@@ -1197,11 +1201,11 @@ def test_apply_sums_one_launch_matches_two_kernels(tmp_path):
         assert "cbr_apply_sums_nhwc_v3" in v3 and "cbr_finalize_sums" not in v3, (case, v3)
         assert "cbr_apply_sums_nhwc" in coop and "cbr_apply_sums_nhwc_v3" not in coop, (case, coop)
         assert "cbr_finalize_sums" in two and "cbr_apply_sums_nhwc" not in two, (case, two)
-        for r in ("v4r2", "v4r4"):
+        for r, kernel in (("v4r2", "v4"), ("v4r4", "v4"), ("v5", "v5")):
             names = outs[r][f"kernels{case}"]
-            want = "cbr_apply_sums_nhwc_v4" if 2048 % channels[case] == 0 else "cbr_apply_sums_nhwc_v3"
+            want = f"cbr_apply_sums_nhwc_{kernel}" if 2048 % channels[case] == 0 else "cbr_apply_sums_nhwc_v3"
             assert want in names and "cbr_finalize_sums" not in names, (case, r, names)
-        for other in ("coop", "two", "v4r2", "v4r4"):
+        for other in ("coop", "two", "v4r2", "v4r4", "v5"):
             for k, (a, b) in enumerate(zip(outs["v3"][case], outs[other][case])):
                 assert torch.equal(a, b), f"case {case}, result {k}: v3 and {other} differ"
 
