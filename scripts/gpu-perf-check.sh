@@ -4,9 +4,11 @@
 #   scripts/gpu-perf-check.sh [SECTION...]      default: build tests bench
 #
 #   build     cudadoctor build --backend local --arch $ARCHS (default 9.0) of opsrc; install it
-#             (and copy it to $OUT/wheel/, so that a later call on a fresh machine can carry it)
-#   install   instead of build: install the wheel in $WHEEL_DIR (default .gpuwheel; a folder
-#             carried from an earlier call's $OUT/wheel: wheel.bin and name.txt)
+#             (WHEEL_BACK=1: also in parts under $OUT/wheel, so that a later call on a fresh
+#             machine can carry it instead of building again: copy the parts and name.txt that
+#             came back into .gpuwheel/, ignored by .git/info/exclude, and carry it)
+#   install   instead of build: install the wheel in $WHEEL_DIR (default .gpuwheel: a
+#             cudadoctor_ops-*.whl, or an earlier call's wheel.part.* and name.txt)
 #   sanitize  compute-sanitizer's four tools at once, each over
 #             python -m cudadoctor_ops.sanitize $SAN_PARTS (default conv_bn_relu); logs
 #             sanitize-TOOL.log, the ERROR SUMMARY lines in summary.txt
@@ -31,7 +33,7 @@
 #             a comma joins the settings of one run)
 # The sections after `build` use the installed wheel, so on a machine still warm from an earlier
 # call they can run alone. Writes to $OUT: summary.txt build.log tests.log smoke.log bench.txt
-# cbr.txt variants.txt kvariants.txt profile.txt sanitize-*.log wheel/. Environment: OUT, PYTHON, ARCHS, T_*, GPU_WHEELS,
+# cbr.txt variants.txt kvariants.txt profile.txt sanitize-*.log (and wheel/ with WHEEL_BACK=1). Environment: OUT, PYTHON, ARCHS, T_*, GPU_WHEELS,
 # TEST_PATHS (pytest paths of `tests`, default tests/ops), TEST_K (pytest -k of `tests`), TEST_WORKERS (pytest-xdist workers, default 14: tests/ops took about 210 s that way on the H200
 # machine, then over 250 s once the switch tests of the depthwise weight gradient, bn_tile_nhwc's
 # merge batch and Conv+BN+ReLU's contiguous forward were added; T_TESTS defaults to 490: 361 s on 2026-11-30 with
@@ -80,8 +82,13 @@ section_build() {
     say "no installable wheel"
     return 1
   fi
-  # (as wheel.bin + name.txt: $OUT's files come back only under plain names, and a wheel's has a +)
-  mkdir -p "$OUT/wheel" && cp "$whl" "$OUT/wheel/wheel.bin" && basename "$whl" >"$OUT/wheel/name.txt"
+  # WHEEL_BACK=1: the wheel also under $OUT/wheel as parts of 15 MB (wheel.part.aa, ...) and
+  # name.txt: files come back from the device machine only under plain names (a wheel's has a +),
+  # at most 16 MiB each and 8 in all (the wheel is about 18 MiB)
+  if [ "${WHEEL_BACK:-0}" = 1 ]; then
+    mkdir -p "$OUT/wheel" && split -b 15000000 "$whl" "$OUT/wheel/wheel.part." &&
+      basename "$whl" >"$OUT/wheel/name.txt"
+  fi
   check_import
 }
 
@@ -99,9 +106,9 @@ section_install() {
   say "GPU: $(nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader 2>&1)"
   local whl d="${WHEEL_DIR:-.gpuwheel}"
   whl=$(ls "$d"/cudadoctor_ops-*.whl 2>/dev/null | head -n 1)
-  if [ -z "$whl" ] && [ -f "$d/wheel.bin" ] && [ -f "$d/name.txt" ]; then
+  if [ -z "$whl" ] && [ -f "$d/name.txt" ] && ls "$d"/wheel.part.* >/dev/null 2>&1; then
     whl="$L/dist/$(cat "$d/name.txt")"
-    cp "$d/wheel.bin" "$whl"
+    cat "$d"/wheel.part.* >"$whl"
   fi
   if [ -z "$whl" ] || ! "$PY" -m pip install -q --no-deps --force-reinstall "$whl" >"$OUT/build.log" 2>&1; then
     say "no installable wheel in ${WHEEL_DIR:-.gpuwheel}"
