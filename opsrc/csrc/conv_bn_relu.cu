@@ -1998,6 +1998,36 @@ __device__ __forceinline__ void sums_mean_var(const SumsArgs<A>& a, int64_t c, A
   if (var < A(0)) var = A(0);
 }
 
+// Channel c's batch mean and inverse standard deviation from the sums.
+template <typename A>
+__device__ __forceinline__ void sums_mean_invstd(const SumsArgs<A>& a, int64_t c, A& mean,
+                                                 A& invstd) {
+  A var;
+  sums_mean_var<A>(a, c, mean, var);
+  invstd = bn::inv_sqrt(var + static_cast<A>(a.eps));
+}
+
+// Channel c's apply coefficients from its mean and inverse standard deviation
+// (cbr_finalize_sums's arithmetic).
+template <typename A>
+__device__ __forceinline__ Coef4<A> sums_coef_of(const SumsArgs<A>& a, int64_t c, A mean,
+                                                 A invstd) {
+  Coef4<A> k;
+  k.v[0] = mean;
+  k.v[1] = bn::load_param<A>(a.weight, a.wkind, c, A(1)) * invstd;
+  k.v[2] = bn::load_param<A>(a.bias, a.bkind, c, A(0));
+  k.v[3] = 0;
+  return k;
+}
+
+// Channel c's apply coefficients from the sums.
+template <typename A>
+__device__ __forceinline__ Coef4<A> sums_coef(const SumsArgs<A>& a, int64_t c) {
+  A mean, invstd;
+  sums_mean_invstd<A>(a, c, mean, invstd);
+  return sums_coef_of<A>(a, c, mean, invstd);
+}
+
 // conv_bn_relu_apply_sums in one launch: cbr_finalize_sums's work folded into
 // cbr_apply_nhwc_v2. Every thread computes the coefficients of its own channels from the sums
 // (the same arithmetic, so the same bits; a few cached loads per channel against a launch of
@@ -2012,27 +2042,14 @@ __global__ void __launch_bounds__(kThreads)
                         bool mask_words, bool update) {
   using A = typename Acc<T>::type;
   const int gid = blockIdx.x * kThreads + threadIdx.x;
-  const auto coef_of = [&](auto c) {
-    A mean, var;
-    sums_mean_var<A>(a, c, mean, var);
-    Coef4<A> k;
-    k.v[0] = mean;
-    k.v[1] = bn::load_param<A>(a.weight, a.wkind, c, A(1)) * bn::inv_sqrt(var + static_cast<A>(a.eps));
-    k.v[2] = bn::load_param<A>(a.bias, a.bkind, c, A(0));
-    k.v[3] = 0;
-    return k;
-  };
+  const auto coef_of = [&](auto c) { return sums_coef<A>(a, c); };
   if (gid < S) {
     apply_groups_nhwc<T, VEC, decltype(coef_of)&, false, 0>(x, y, mask, coef_of, gid, nfull,
                                                             tail, S, C, mask_words);
   }
   if (blockIdx.x == 0) {
-    for (int64_t c = threadIdx.x; c < a.C; c += blockDim.x) {
-      A mean, var;
-      sums_mean_var<A>(a, c, mean, var);
-      a.save_mean[c] = mean;
-      a.save_invstd[c] = bn::inv_sqrt(var + static_cast<A>(a.eps));
-    }
+    for (int64_t c = threadIdx.x; c < a.C; c += blockDim.x)
+      sums_mean_invstd<A>(a, c, a.save_mean[c], a.save_invstd[c]);
   }
   if (!update) return;  // the same for every block
   cg::this_grid().sync();
@@ -2045,19 +2062,6 @@ __global__ void __launch_bounds__(kThreads)
     sums_mean_var<A>(a, c, mean, var);  // reads channel c's running mean before it is written
     update_running<A>(a.rmean, a.mkind, a.rvar, a.vkind, c, m, mean, var * (cnt / (cnt - A(1))));
   }
-}
-
-// Channel c's apply coefficients from the sums (cbr_finalize_sums's arithmetic).
-template <typename A>
-__device__ __forceinline__ Coef4<A> sums_coef(const SumsArgs<A>& a, int64_t c) {
-  A mean, var;
-  sums_mean_var<A>(a, c, mean, var);
-  Coef4<A> k;
-  k.v[0] = mean;
-  k.v[1] = bn::load_param<A>(a.weight, a.wkind, c, A(1)) * bn::inv_sqrt(var + static_cast<A>(a.eps));
-  k.v[2] = bn::load_param<A>(a.bias, a.bkind, c, A(0));
-  k.v[3] = 0;
-  return k;
 }
 
 // The last block's part (every thread of it): the running statistics and num_batches_tracked
@@ -2087,12 +2091,8 @@ template <typename A>
 __device__ __forceinline__ void sums_finish(const SumsArgs<A>& a, unsigned* __restrict__ counter) {
   __shared__ bool s_last;
   if (blockIdx.x == 0) {
-    for (int64_t c = threadIdx.x; c < a.C; c += blockDim.x) {
-      A mean, var;
-      sums_mean_var<A>(a, c, mean, var);
-      a.save_mean[c] = mean;
-      a.save_invstd[c] = bn::inv_sqrt(var + static_cast<A>(a.eps));
-    }
+    for (int64_t c = threadIdx.x; c < a.C; c += blockDim.x)
+      sums_mean_invstd<A>(a, c, a.save_mean[c], a.save_invstd[c]);
   }
   if (counter == nullptr) return;  // the same for every block
   __syncthreads();                 // this block's reads of the shift are done
@@ -2166,15 +2166,10 @@ __global__ void __launch_bounds__(kThreads)
   const int gid = blockIdx.x * kThreads + threadIdx.x;  // < S: the grid is S threads
   auto pre = [&]() {
     for (int c = threadIdx.x; c < C; c += kThreads) {
-      A mean, var;
-      sums_mean_var<A>(a, c, mean, var);
-      const A invstd = bn::inv_sqrt(var + static_cast<A>(a.eps));
-      Coef4<A> k;
-      k.v[0] = mean;
-      k.v[1] = bn::load_param<A>(a.weight, a.wkind, c, A(1)) * invstd;
-      k.v[2] = bn::load_param<A>(a.bias, a.bkind, c, A(0));
-      k.v[3] = 0;
-      s_coef[c] = k;  // (the stores use the loaded shift: its reads are done at the barrier)
+      A mean, invstd;
+      sums_mean_invstd<A>(a, c, mean, invstd);
+      // (the stores use the loaded shift: its reads are done at the barrier)
+      s_coef[c] = sums_coef_of<A>(a, c, mean, invstd);
       if (blockIdx.x == 0) {
         a.save_mean[c] = mean;
         a.save_invstd[c] = invstd;
