@@ -199,6 +199,21 @@ def _cbr_blocks(cases, err):
         yield shape, k, dts, fused, ref, x, xg, g, e
 
 
+def _cbr_graph_rows(timer, shape, k, dts, fused, ref, x, xg, g, e, eager_fwd=False):
+    """Rows [name, ours ms, torch ms, same result] of a _cbr_blocks block: the training forward
+    (eagerly too with eager_fwd) and forward+backward in CUDA-graph replay."""
+    from cudadoctor_ops.bench_cbr import graph_ms
+
+    fwd_o, fwd_r = (lambda: fused(x)), (lambda: ref(x))
+    fb_o, fb_r = (lambda: fused(xg).backward(g)), (lambda: ref(xg).backward(g))
+    rows = [[f"cbr train fwd {shape}->{k} {dts}", timer(fwd_o), timer(fwd_r), e < 2e-2]] if eager_fwd else []
+    rows.append([f"cbr train fwd {shape}->{k} {dts} (graph)", graph_ms(timer, fwd_o) or float("nan"),
+                 graph_ms(timer, fwd_r) or float("nan"), e < 2e-2])
+    rows.append([f"cbr fwd+bwd {shape}->{k} {dts} (graph)", graph_ms(timer, fb_o) or float("nan"),
+                 graph_ms(timer, fb_r) or float("nan"), e < 2e-2])
+    return rows
+
+
 def _dw_grad_rows(name, g, x, wt, st, pd, dl, timer, err, what):
     """Rows [name, ours ms, torch ms, same result] of a depthwise channels-last case: the backward
     (dX + dW, what="bwd") or the weight gradient alone (what="wgrad"), against torch's
@@ -305,8 +320,6 @@ def _child(part: str) -> None:
             out.append([f"cbr fwd+bwd {shape}->{k} {dts} nhwc", timer(fb(fused)), timer(fb(ref)),
                         e < 2e-2])
     elif part == "hmma":
-        from cudadoctor_ops.bench_cbr import graph_ms
-
         cases = list(CBR_CASES[:2]) + [((64, c, h, h), c, d) for c, h in ((64, 56), (128, 28), (256, 14), (512, 7))
                                         for d in ("float16", "bfloat16")]
         for shape, k, dts, fused, ref, x, xg, g, e in _cbr_blocks(cases, err):
@@ -317,25 +330,12 @@ def _child(part: str) -> None:
 
             same = err(conv_relu(3)(), conv_relu(0)()) < 2e-2
             out.append([f"conv+relu hmma / cuDNN {shape}->{k} {dts}", timer(conv_relu(3)), timer(conv_relu(0)), same])
-            fwd_o, fwd_r = (lambda: fused(x)), (lambda: ref(x))  # noqa: B023 - called in this iteration
-            fb_o, fb_r = (lambda: fused(xg).backward(g)), (lambda: ref(xg).backward(g))  # noqa: B023
-            out.append([f"cbr train fwd {shape}->{k} {dts} (graph)", graph_ms(timer, fwd_o) or float("nan"),
-                        graph_ms(timer, fwd_r) or float("nan"), e < 2e-2])
-            out.append([f"cbr fwd+bwd {shape}->{k} {dts} (graph)", graph_ms(timer, fb_o) or float("nan"),
-                        graph_ms(timer, fb_r) or float("nan"), e < 2e-2])
+            out += _cbr_graph_rows(timer, shape, k, dts, fused, ref, x, xg, g, e)
             del fused, ref, x, xg, g
             torch.cuda.empty_cache()
     elif part == "cbra":
-        from cudadoctor_ops.bench_cbr import graph_ms
-
         for shape, k, dts, fused, ref, x, xg, g, e in _cbr_blocks(CBR_CASES, err):
-            fwd_o, fwd_r = (lambda: fused(x)), (lambda: ref(x))  # noqa: B023 - called in this iteration
-            fb_o, fb_r = (lambda: fused(xg).backward(g)), (lambda: ref(xg).backward(g))  # noqa: B023
-            out.append([f"cbr train fwd {shape}->{k} {dts}", timer(fwd_o), timer(fwd_r), e < 2e-2])
-            out.append([f"cbr train fwd {shape}->{k} {dts} (graph)", graph_ms(timer, fwd_o) or float("nan"),
-                        graph_ms(timer, fwd_r) or float("nan"), e < 2e-2])
-            out.append([f"cbr fwd+bwd {shape}->{k} {dts} (graph)", graph_ms(timer, fb_o) or float("nan"),
-                        graph_ms(timer, fb_r) or float("nan"), e < 2e-2])
+            out += _cbr_graph_rows(timer, shape, k, dts, fused, ref, x, xg, g, e, eager_fwd=True)
             del fused, ref, x, xg, g
             torch.cuda.empty_cache()
     elif part in ("cbrb", "cbrst"):
