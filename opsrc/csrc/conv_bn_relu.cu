@@ -914,6 +914,11 @@ __global__ void __launch_bounds__(kFinThreads)
   coef[cw] = k;
 }
 
+// apply_groups_nhwc's default pre().
+struct NoPre {
+  __device__ void operator()() const {}
+};
+
 // y = relu((x - mean) * a + beta) over the full groups, and mask byte g of group g. Lanes
 // 4j .. 4j+3 of a warp take 4 consecutive groups (the warp's first group is a multiple of 32), so
 // lane 4j gathers their bytes with two shuffles and writes one 32-bit mask word (single bytes at
@@ -931,11 +936,7 @@ __global__ void __launch_bounds__(kFinThreads)
 // a time, the coefficients first. CHUNK (with RND > 0): one round only, the block's chunk of
 // RND * kThreads groups (gid = chunk start + threadIdx.x, S = kThreads; cbr_apply_sums_nhwc_v4).
 // pre(): called by every thread after the first round's loads are issued, before coef_of is
-// first called (cbr_apply_sums_nhwc_v5 fills its shared-memory coefficients there).
-struct NoPre {
-  __device__ void operator()() const {}
-};
-
+// first called (cbr_apply_sums_nhwc_v5 fills its shared-memory coefficients there; NoPre: nothing).
 template <typename T, bool VEC, typename CoefOf, bool RES = false, int RND = kApplyRound,
           bool CHUNK = false, typename Pre = NoPre>
 __device__ __forceinline__ void apply_groups_nhwc(const T* __restrict__ x, T* __restrict__ y,
