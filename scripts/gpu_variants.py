@@ -13,17 +13,18 @@
          (CUDADOCTOR_OPS_BN_BWD_TILE_STASH=0: bn_bwd_tile_nhwc only where registers hold every
          row; CUDADOCTOR_OPS_BN_BWD_TILE_CT=32: its tiles of 32 channels everywhere;
          CUDADOCTOR_OPS_BN_BWD_TILE=0: without bn_bwd_tile_nhwc, i.e. the one-launch
-         bn_bwd_fused_nhwc up to 32 MiB)
+         bn_bwd_fused_nhwc up to 32 MiB; CUDADOCTOR_OPS_BN_BWD_GROUPS=0: bn_bwd_tile_nhwc without
+         its group partials)
     bnnr the same backward with CUDADOCTOR_OPS_BN_BWD_NR=0 (the channels-last reduce and apply
          kernels that test for ReLU at run time, 2 blocks per SM), CUDADOCTOR_OPS_BN_FIN_BLOCK=0
          (one warp per channel in the finalize)
     cbr  Conv+BN+ReLU training forward and fwd+bwd, channels_last 16-bit (CUDADOCTOR_OPS_BN_NHWC_TILE_WIDE=0,
          _STASH=0, CUDADOCTOR_OPS_CBR_TILE=0)
     cbra Conv+BN+ReLU training forward (eager and CUDA-graph replay) and fwd+bwd (graph) on the
-         channels-last blocks of CBR_CASES, default against CUDADOCTOR_OPS_CBR_APPLY_ROUNDS=0 (the
-         apply passes' loops before their rounds, and the cooperative apply-from-sums kernel) and
-         CUDADOCTOR_OPS_CBR_APPLY_V4=4 (the apply from sums in short blocks) and
-         CUDADOCTOR_OPS_CBR_APPLY_V5=1 (its coefficients once per block); default and V5 twice
+         channels-last blocks of CBR_CASES, default against CUDADOCTOR_OPS_CBR_APPLY_V5=0 (the
+         apply from sums computing its coefficients in every thread, cbr_apply_sums_nhwc_v3) and
+         CUDADOCTOR_OPS_BN_BWD_GROUPS=0 (the masked backward's bn_bwd_tile_nhwc without group
+         partials), each twice, interleaved
     cbrb Conv+BN+ReLU fwd+bwd in CUDA-graph replay on the channels-last blocks of CBR_CASES
          (CUDADOCTOR_OPS_BN_BWD_TILE_STASH=0 / _CT=32 as for bnp; CUDADOCTOR_OPS_BN_BWD_TILE=0: the
          masked backward on bn_bwd_fused_nhwc instead of bn_bwd_tile_nhwc)
@@ -107,7 +108,7 @@ BNS_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_STATS_PIPE": "0"}, {"CUDADOCTOR_OPS_BN_S
 BNP_SHAPES = [(64, 256, 14, 14), (64, 512, 7, 7), (64, 128, 28, 28), (32, 64, 56, 56), (64, 512, 14, 14),
               (64, 64, 56, 56)]
 BNP_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_BWD_TILE_STASH": "0"}, {"CUDADOCTOR_OPS_BN_BWD_TILE_CT": "32"},
-                {"CUDADOCTOR_OPS_BN_BWD_TILE": "0"}]
+                {"CUDADOCTOR_OPS_BN_BWD_TILE": "0"}, {"CUDADOCTOR_OPS_BN_BWD_GROUPS": "0"}]
 BNNR_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_FIN_BLOCK": "0"}, {"CUDADOCTOR_OPS_BN_BWD_NR": "0"}]
 BNST_SHAPES = [(64, 64, 56, 56), (64, 256, 28, 28), (64, 1024, 14, 14), (64, 128, 56, 56), (64, 512, 28, 28),
                (256, 64, 56, 56), (64, 64, 112, 112), (64, 256, 56, 56)]
@@ -118,9 +119,9 @@ CBR_CASES = [((32, 64, 56, 56), 64, "float16"), ((64, 128, 28, 28), 128, "bfloat
              ((64, 512, 7, 7), 512, "bfloat16")]
 CBR_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_NHWC_TILE_WIDE": "0"}, {"CUDADOCTOR_OPS_BN_NHWC_TILE_STASH": "0"},
                 {"CUDADOCTOR_OPS_CBR_TILE": "0"}]
-_AR0 = {"CUDADOCTOR_OPS_CBR_APPLY_ROUNDS": "0"}
-_V5 = {"CUDADOCTOR_OPS_CBR_APPLY_V5": "1"}
-CBRA_SETTINGS = [{}, _V5, _AR0, {"CUDADOCTOR_OPS_CBR_APPLY_V4": "4"}, {}, _V5]
+_V50 = {"CUDADOCTOR_OPS_CBR_APPLY_V5": "0"}
+_G0 = {"CUDADOCTOR_OPS_BN_BWD_GROUPS": "0"}
+CBRA_SETTINGS = [{}, _V50, _G0, {}, _V50, _G0]
 CBRB_SETTINGS = [{}, {"CUDADOCTOR_OPS_BN_BWD_TILE_STASH": "0"}, {"CUDADOCTOR_OPS_BN_BWD_TILE_CT": "32"},
                  {"CUDADOCTOR_OPS_BN_BWD_TILE": "0"}]
 # cbrst: Conv+BN+ReLU blocks whose outputs are past bn_bwd_tile_nhwc's stash (12.8M and 25.7M

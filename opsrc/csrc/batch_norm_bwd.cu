@@ -14,6 +14,8 @@
 #include <torch/library.h>
 
 #include <cooperative_groups.h>
+#include <atomic>
+#include <mutex>
 #include <type_traits>
 
 #include "async_copy.cuh"
@@ -787,6 +789,76 @@ __device__ __forceinline__ void load_stream_rows(const T* __restrict__ x, const 
   }
 }
 
+// Group partials of bn_bwd_tile_nhwc (grp != nullptr): the splits of a tile in groups of
+// kBwdGroupSplits, and the last block of a group to finish phase 1 (a completion counter per group)
+// adds the group's partials, in split order, into one group partial before the grid barrier; phase
+// 2 then adds ceil(splits / kBwdGroupSplits) group partials instead of `splits` partials. At 256
+// splits every block read 256 * 3 * CT partials (192 KB at CT = 64, 48 MB from L2 over the grid)
+// through L2 after the barrier; with groups, 16 * 3 * CT. The counters: kBwdGroupSlots slots of
+// kBwdGroupCounters, one slot per launch in turn, zero before a launch and after it (the last block
+// of a group sets its counter back), so launches on different streams do not share one unless
+// kBwdGroupSlots of them are in flight at once.
+constexpr int kBwdGroupSplits = 16;
+constexpr int kBwdGroupBatch = 8;  // the group's partials a thread loads at once
+constexpr int kBwdGroupSlots = 256;
+constexpr int kBwdGroupCounters = 256;  // per launch: tiles * groups at most
+__device__ unsigned g_bwd_group_counters[kBwdGroupSlots * kBwdGroupCounters];
+std::atomic<unsigned> g_bwd_group_next{0};
+
+// The group counters of one launch on `device` (the current device).
+unsigned* next_bwd_group_counters(int device) {
+  static std::mutex mu;
+  static unsigned* base[64] = {nullptr};
+  TORCH_CHECK(device >= 0 && device < 64, "cudadoctor_ops: device index ", device, " out of range");
+  unsigned* b;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (base[device] == nullptr) {
+      C10_CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&base[device]), g_bwd_group_counters));
+    }
+    b = base[device];
+  }
+  return b + size_t(g_bwd_group_next.fetch_add(1u, std::memory_order_relaxed) % kBwdGroupSlots) *
+                 kBwdGroupCounters;
+}
+
+// Phase 1's end in bn_bwd_tile_nhwc with group partials: the block's partial (stored by some of
+// its threads) is counted on its group's counter; the block that completes the group adds the
+// group's partials of wt [splits][3][CT] in split order into wg [groups][3][CT] and sets the
+// counter back to zero. Every thread of the block calls it.
+template <typename A, int CT, int THREADS>
+__device__ __forceinline__ void bwd_group_partial(const A* wt, A* wg, unsigned* counter, int split,
+                                                  int splits, int tid) {
+  static_assert(3 * CT <= THREADS, "one thread per partial value");
+  __shared__ bool s_last;
+  const int grp = split / kBwdGroupSplits;
+  const int first = grp * kBwdGroupSplits;
+  const int n = min(kBwdGroupSplits, splits - first);
+  __threadfence();  // this thread's partial stores, before the block is counted
+  __syncthreads();
+  if (tid == 0) s_last = atomicAdd(counter, 1u) == unsigned(n - 1);
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  if (tid < 3 * CT) {
+    // kBwdGroupBatch partials in flight at a time: the rows held for phase 3 keep the registers
+    // near the kernel's bound
+    A sum = __ldcg(wt + int64_t(first) * 3 * CT + tid);
+#pragma unroll
+    for (int k0 = 1; k0 < kBwdGroupSplits; k0 += kBwdGroupBatch) {
+      A v[kBwdGroupBatch];
+#pragma unroll
+      for (int k = 0; k < kBwdGroupBatch; ++k)
+        v[k] = k0 + k < n ? __ldcg(wt + int64_t(first + k0 + k) * 3 * CT + tid) : A(0);
+#pragma unroll
+      for (int k = 0; k < kBwdGroupBatch; ++k)
+        if (k0 + k < n) sum += v[k];
+    }
+    wg[int64_t(grp) * 3 * CT + tid] = sum;
+  }
+  if (tid == 0) *counter = 0u;  // every block of the group has been counted
+}
+
 // SR > 0 (the stash): rows k = MAXR .. MAXR + SR - 1 of a thread live in dynamic shared memory,
 // x's pack at slot 2k and grad_out's at 2k + 1 of stash [2 * SR][THREADS] (the launcher passes
 // only the rows in use), copied there by cp.async before the register rows are loaded; phase 1
@@ -796,7 +868,7 @@ template <typename T, int CT, bool M, int SR = 0, int ST = 0>
 __global__ void __launch_bounds__(kBwdTileThreads, 2)
     bn_bwd_tile_nhwc(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
                      BwdArgs<typename Acc<T>::type> f, typename Acc<T>::type* ws, int64_t R,
-                     int64_t C) {
+                     int64_t C, typename Acc<T>::type* wgs, unsigned* group_counters) {
   using A = typename Acc<T>::type;
   constexpr int THREADS = kBwdTileThreads;
   constexpr int MAXR = BwdTileMaxR<T, M, SR, ST>::value;
@@ -925,13 +997,20 @@ __global__ void __launch_bounds__(kBwdTileThreads, 2)
       store_tile_partial<CT>(wt, split, j, s0, s1, s2);
     });
   }
+  // group partials (wgs [tiles][groups][3][CT], one counter per tile and group)
+  const int groups = (splits + kBwdGroupSplits - 1) / kBwdGroupSplits;
+  A* const wg = wgs != nullptr ? wgs + int64_t(tile) * groups * 3 * CT : nullptr;
+  if (wgs != nullptr)  // the same for every block
+    bwd_group_partial<A, CT, THREADS>(wt, wg, group_counters + tile * groups + split / kBwdGroupSplits,
+                                      split, splits, tid);
   grid.sync();
 
   // ---- phase 2: every block adds its tile's partials and finishes its channels ----
   {
     const int j = tid % CT, g = tid / CT;
     A s0 = 0, s1 = 0, s2 = 0;
-    for_tile_partials<kBwdTileMB, CT>(wt, j, splits, g, G, [&](A p0, A p1, A p2) {
+    for_tile_partials<kBwdTileMB, CT>(wgs != nullptr ? wg : wt, j, wgs != nullptr ? groups : splits,
+                                      g, G, [&](A p0, A p1, A p2) {
       s0 += p0;
       s1 += p1;
       s2 += p2;
@@ -1140,6 +1219,14 @@ inline int bwd_stream_splits_setting() {
   return v;
 }
 
+// CUDADOCTOR_OPS_BN_BWD_GROUPS: bn_bwd_tile_nhwc's group partials (bwd_group_partial); 0 turns
+// them off, 1 takes them at any split count above 1 (tests use it on small tensors); unset, above
+// 2 * kBwdGroupSplits splits (read once).
+inline int bwd_groups_setting() {
+  static const int v = env_switch("CUDADOCTOR_OPS_BN_BWD_GROUPS");
+  return v;
+}
+
 inline int bwd_tile_ct() {
   static const int v = env_choice("CUDADOCTOR_OPS_BN_BWD_TILE_CT", {32, 64}, 0);
   return v;
@@ -1198,9 +1285,17 @@ bool launch_tile_backward_ct(const Layout& l, const T* x, const T* g, T* dx,
     if (s < 1) return false;
     splits = static_cast<int>(s);
   }
-  at::Tensor ws = at::empty({tiles * splits * 3 * CT}, acc_opts);
+  // group partials (see bwd_group_partial): by default past 2 * kBwdGroupSplits splits
+  const int64_t groups = (splits + kBwdGroupSplits - 1) / kBwdGroupSplits;
+  const int gmode = bwd_groups_setting();
+  const bool use_groups = gmode != 0 && tiles * groups <= kBwdGroupCounters &&
+                          (gmode == 1 ? splits > 1 : splits > 2 * kBwdGroupSplits);
+  const int64_t partials = tiles * splits * 3 * CT;
+  at::Tensor ws = at::empty({partials + (use_groups ? tiles * groups * 3 * CT : 0)}, acc_opts);
   A* wsp = ws.data_ptr<A>();
-  void* args[] = {&x, &g, &dx, &f, &wsp, &R, &C};
+  A* wgp = use_groups ? wsp + partials : nullptr;
+  unsigned* counters = use_groups ? next_bwd_group_counters(device) : nullptr;
+  void* args[] = {&x, &g, &dx, &f, &wsp, &R, &C, &wgp, &counters};
   return launch_cooperative(kernel, dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(splits)),
                             dim3(TX, TY), args, smem, stream);
 }

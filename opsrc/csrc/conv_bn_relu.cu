@@ -1728,10 +1728,11 @@ int apply_v4_rounds() {
   return r;
 }
 
-// CUDADOCTOR_OPS_CBR_APPLY_V5=1 selects cbr_apply_sums_nhwc_v5 for conv_bn_relu_apply_sums where
-// 2048 % C == 0 (read once; default off).
+// conv_bn_relu_apply_sums runs cbr_apply_sums_nhwc_v5 where 2048 % C == 0 (and neither
+// CUDADOCTOR_OPS_CBR_APPLY_V4 nor CUDADOCTOR_OPS_CBR_APPLY_ROUNDS=0 is set);
+// CUDADOCTOR_OPS_CBR_APPLY_V5=0 brings back v3 there (read once).
 bool apply_v5_enabled() {
-  static const bool on = env_switch("CUDADOCTOR_OPS_CBR_APPLY_V5") > 0;
+  static const bool on = env_switch("CUDADOCTOR_OPS_CBR_APPLY_V5") != 0;
   return on;
 }
 
@@ -2614,8 +2615,10 @@ bool sums_fused_enabled() {
   return on;
 }
 
-// cbr_apply_sums_nhwc_v3 over conv_out l.x (CUDADOCTOR_OPS_CBR_APPLY_ROUNDS not 0); else
-// cbr_apply_sums_nhwc, false (nothing launched) where its cooperative launch
+// The apply from sums over conv_out l.x: cbr_apply_sums_nhwc_v4 where CUDADOCTOR_OPS_CBR_APPLY_V4
+// asks for it and 2048 % C == 0; else, unless CUDADOCTOR_OPS_CBR_APPLY_ROUNDS=0,
+// cbr_apply_sums_nhwc_v5 where 2048 % C == 0 (CUDADOCTOR_OPS_CBR_APPLY_V5 not 0) and
+// cbr_apply_sums_nhwc_v3 elsewhere; else cbr_apply_sums_nhwc, false (nothing launched) where its cooperative launch
 // (running statistics or num_batches_tracked to update) cannot be resident at once.
 template <typename T>
 bool launch_apply_sums(const Layout& l, const at::Tensor& out, const at::Tensor& mask,
@@ -2623,19 +2626,6 @@ bool launch_apply_sums(const Layout& l, const at::Tensor& out, const at::Tensor&
   using A = typename Acc<T>::type;
   static_assert(std::is_same<A, float>::value, "cbr_apply_sums_nhwc: float32 coefficients");
   ApplyPass<T> p(l, out, mask);  // not const: the cooperative launch takes its fields' addresses
-  if (apply_v5_enabled() && 2048 % p.C == 0) {
-    auto* k5 = p.vec ? &cbr_apply_sums_nhwc_v5<T, true> : &cbr_apply_sums_nhwc_v5<T, false>;
-    const FlatPlan ap = p.plan(k5);
-    // 2048 % C == 0: the channel period divides kThreads, so S is a whole number of blocks
-    TORCH_INTERNAL_ASSERT(ap.S == int64_t(ap.blocks) * kThreads, "cbr_apply_sums_nhwc_v5: grid");
-    const bool upd = a.nbt != nullptr || (a.rmean != nullptr && a.rvar != nullptr);
-    unsigned* counter = upd ? next_apply_counter(p.device) : nullptr;
-    SumsArgs<A> args = a;
-    k5<<<ap.blocks, kThreads, size_t(p.C) * sizeof(Coef4<A>), p.stream>>>(
-        p.x, p.y, p.mask, args, p.nfull, p.tail, static_cast<int>(ap.S), p.C, p.mask_words, counter);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    return true;
-  }
   const int v4 = apply_v4_rounds();
   if (v4 != 0 && 2048 % p.C == 0) {
     auto* k4 = v4 == 2 ? (p.vec ? &cbr_apply_sums_nhwc_v4<T, true, 2> : &cbr_apply_sums_nhwc_v4<T, false, 2>)
@@ -2647,6 +2637,19 @@ bool launch_apply_sums(const Layout& l, const at::Tensor& out, const at::Tensor&
     SumsArgs<A> args = a;
     k4<<<blocks, kThreads, size_t(p.C) * sizeof(Coef4<A>), p.stream>>>(
         p.x, p.y, p.mask, args, p.nfull, p.tail, p.C, p.mask_words, counter);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return true;
+  }
+  if (apply_rounds_enabled() && apply_v5_enabled() && 2048 % p.C == 0) {
+    auto* k5 = p.vec ? &cbr_apply_sums_nhwc_v5<T, true> : &cbr_apply_sums_nhwc_v5<T, false>;
+    const FlatPlan ap = p.plan(k5);
+    // 2048 % C == 0: the channel period divides kThreads, so S is a whole number of blocks
+    TORCH_INTERNAL_ASSERT(ap.S == int64_t(ap.blocks) * kThreads, "cbr_apply_sums_nhwc_v5: grid");
+    const bool upd = a.nbt != nullptr || (a.rmean != nullptr && a.rvar != nullptr);
+    unsigned* counter = upd ? next_apply_counter(p.device) : nullptr;
+    SumsArgs<A> args = a;
+    k5<<<ap.blocks, kThreads, size_t(p.C) * sizeof(Coef4<A>), p.stream>>>(
+        p.x, p.y, p.mask, args, p.nfull, p.tail, static_cast<int>(ap.S), p.C, p.mask_words, counter);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return true;
   }

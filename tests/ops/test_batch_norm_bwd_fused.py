@@ -254,7 +254,8 @@ def _run_child(ops, code, args, env_value, singleread=None, extra=None, tile=Non
     for name in ("CUDADOCTOR_OPS_BN_FUSED_BWD", "CUDADOCTOR_OPS_BN_SINGLEREAD",
                  "CUDADOCTOR_OPS_BN_BWD_NR", "CUDADOCTOR_OPS_BN_FIN_BLOCK", "CUDADOCTOR_OPS_BN_BWD_TILE",
                  "CUDADOCTOR_OPS_BN_BWD_TILE_STASH", "CUDADOCTOR_OPS_BN_BWD_TILE_CT",
-                 "CUDADOCTOR_OPS_BN_BWD_STREAM", "CUDADOCTOR_OPS_BN_BWD_STREAM_SPLITS"):
+                 "CUDADOCTOR_OPS_BN_BWD_STREAM", "CUDADOCTOR_OPS_BN_BWD_STREAM_SPLITS",
+                 "CUDADOCTOR_OPS_BN_BWD_GROUPS"):
         env.pop(name, None)
     env.update(extra or {})
     if tile is not None:
@@ -414,13 +415,16 @@ _STASH_CHILD = _COMMON + textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("extra", [None, {"CUDADOCTOR_OPS_BN_BWD_TILE_CT": "64"}], ids=["default", "ct64"])
+@pytest.mark.parametrize("extra", [None, {"CUDADOCTOR_OPS_BN_BWD_TILE_CT": "64"}, {"CUDADOCTOR_OPS_BN_BWD_GROUPS": "0"}],
+                         ids=["default", "ct64", "groups0"])
 def test_tile_backward_stash_vs_float64(ops, extra):
     """bn_bwd_tile_nhwc with rows in shared memory (the 6.4M-element channels-last float16 /
     bfloat16 backward without ReLU, with and without the parameter gradients, training and eval)
     against float64 torch: grad_input, grad_weight, grad_bias, channels-last output, and the same
     grad_input from a second call. On an H200 (132 SMs) every one of these that needs a reduction
-    runs the stash variant, with the default tile widths and with tiles of 64 forced."""
+    runs the stash variant, with the default tile widths and with tiles of 64 forced; by default
+    over group partials (bwd_group_partial: (32,64,56,56) has 256 splits, 16 groups),
+    with CUDADOCTOR_OPS_BN_BWD_GROUPS=0 without them."""
     res = _run_child(ops, _STASH_CHILD, [], None, extra=extra)
     _check_tile_records(res, "bn_bwd_tile_nhwc+stash", res["sms"] == 132)
 
@@ -468,8 +472,10 @@ def test_tile_backward_streamed_rows_vs_float64(ops, splits, extra):
     _STREAM_SPLITS so that small tensors have rows beyond its registers and shared memory):
     channels-last float16 / bfloat16 backward without ReLU, with and without the parameter
     gradients, training and eval, against float64 torch, channels-last output, the same grad_input
-    from a second call, and every call that needs a reduction on the streamed kernel."""
-    env = {"CUDADOCTOR_OPS_BN_BWD_STREAM": "1", "CUDADOCTOR_OPS_BN_BWD_STREAM_SPLITS": splits}
+    from a second call, and every call that needs a reduction on the streamed kernel; with
+    CUDADOCTOR_OPS_BN_BWD_GROUPS=1, the 2 or 3 splits' partials in one group partial."""
+    env = {"CUDADOCTOR_OPS_BN_BWD_STREAM": "1", "CUDADOCTOR_OPS_BN_BWD_STREAM_SPLITS": splits,
+           "CUDADOCTOR_OPS_BN_BWD_GROUPS": "1"}
     env.update(extra or {})
     assert "SHAPES = [(8, 64, 16, 16)" in _STREAM_CHILD
     res = _run_child(ops, _STREAM_CHILD, [], None, extra=env)

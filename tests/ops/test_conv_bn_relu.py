@@ -839,7 +839,8 @@ def _run_cbr_child(body: str, tile: str, cudnn_stats: bool = False, extra: dict 
     for var in (CBR_TILE_ENV, CBR_V1_ENV, "CUDADOCTOR_OPS_CBR_WGMMA",
                 "CUDADOCTOR_OPS_BN_FUSED_NCHW", "CUDADOCTOR_OPS_BN_SINGLEREAD",
                 CUDNN_STATS_ENV, CBR_BN_BWD_ENV, "CUDADOCTOR_OPS_BN_BWD_TILE",
-                "CUDADOCTOR_OPS_BN_BWD_STREAM", "CUDADOCTOR_OPS_BN_BWD_STREAM_SPLITS"):
+                "CUDADOCTOR_OPS_BN_BWD_STREAM", "CUDADOCTOR_OPS_BN_BWD_STREAM_SPLITS",
+                "CUDADOCTOR_OPS_BN_BWD_GROUPS", "CUDADOCTOR_OPS_CBR_APPLY_V5"):
         env.pop(var, None)
     env.update(extra or {})
     if tile == "off":
@@ -930,12 +931,15 @@ print(json.dumps(out))
 
 @gpu
 @pytest.mark.gpu
-def test_nhwc_backward_with_rows_in_shared_memory_matches_torch():
+@pytest.mark.parametrize("groups", ["default", "0"])
+def test_nhwc_backward_with_rows_in_shared_memory_matches_torch(groups):
     """Two training steps of ConvBNReLU2d (channels_last float16 / bfloat16) on the blocks whose
     6.4M-element outputs a resident grid cannot hold in registers: the masked backward runs on
-    bn_bwd_tile_nhwc with rows in shared memory (on an H200, 132 SMs), and output, running
-    statistics and every gradient match Conv2d -> BatchNorm2d -> ReLU."""
-    res = _run_cbr_child(_CBR_STASH_CHILD, "default")
+    bn_bwd_tile_nhwc with rows in shared memory (on an H200, 132 SMs; by default over group
+    partials, with CUDADOCTOR_OPS_BN_BWD_GROUPS=0 without them), and output, running statistics
+    and every gradient match Conv2d -> BatchNorm2d -> ReLU."""
+    res = _run_cbr_child(_CBR_STASH_CHILD, "default",
+                         extra=None if groups == "default" else {"CUDADOCTOR_OPS_BN_BWD_GROUPS": groups})
     sms = res.pop("_sms")
     assert len(res) == 4
     for key, r in res.items():
@@ -964,9 +968,11 @@ def test_nhwc_backward_with_streamed_rows_matches_torch():
     """Two training steps of ConvBNReLU2d (channels_last float16 / bfloat16) with
     CUDADOCTOR_OPS_BN_BWD_STREAM=1 and _STREAM_SPLITS=2: the masked backward runs the streamed
     bn_bwd_tile_nhwc (rows beyond its registers and shared memory read in phase 1 and again in
-    phase 3), and output, running statistics and every gradient match Conv2d -> BatchNorm2d -> ReLU."""
+    phase 3; with CUDADOCTOR_OPS_BN_BWD_GROUPS=1 its 2 splits in one group partial), and output,
+    running statistics and every gradient match Conv2d -> BatchNorm2d -> ReLU."""
     res = _run_cbr_child(_CBR_STREAM_CHILD, "default", extra={"CUDADOCTOR_OPS_BN_BWD_STREAM": "1",
-                                                              "CUDADOCTOR_OPS_BN_BWD_STREAM_SPLITS": "2"})
+                                                              "CUDADOCTOR_OPS_BN_BWD_STREAM_SPLITS": "2",
+                                                              "CUDADOCTOR_OPS_BN_BWD_GROUPS": "1"})
     assert len(res) == 4
     for key, r in res.items():
         dtype = torch.float16 if key.startswith("float16") else torch.bfloat16
@@ -1121,7 +1127,7 @@ import cudadoctor_ops  # noqa: F401
 ops = torch.ops.cudadoctor_ops
 g = torch.Generator(device="cuda").manual_seed(5)
 res = {}
-# every completion counter of cbr_apply_sums_nhwc_v3 (1024, one per launch in turn) used once
+# every completion counter of cbr_apply_sums_nhwc_v3 / _v5 (1024, one per launch in turn) used once
 # before the calls that are compared: a counter not set back to zero would skip their updates
 y0 = torch.randn(2, 8, 4, 4, device="cuda").half().contiguous(memory_format=torch.channels_last)
 s0 = torch.stack([y0.float().sum((0, 2, 3)), (y0.float() ** 2).sum((0, 2, 3))]).contiguous()
@@ -1164,21 +1170,22 @@ torch.save(res, sys.argv[1])
 @pytest.mark.gpu
 def test_apply_sums_one_launch_matches_two_kernels(tmp_path):
     """conv_bn_relu_apply_sums in one launch gives the bits of the finalize + apply pair
-    (CUDADOCTOR_OPS_CBR_SUMS_FUSED=0) in each of its forms: cbr_apply_sums_nhwc_v3 (the default:
-    the coefficients computed in every thread, the running statistics updated by the last block
-    to finish); with CUDADOCTOR_OPS_CBR_APPLY_V4=2 / 4, cbr_apply_sums_nhwc_v4 (short blocks, the
-    coefficients in shared memory; where 2048 % C == 0); with CUDADOCTOR_OPS_CBR_APPLY_V5=1,
-    cbr_apply_sums_nhwc_v5 (v3's grid, the block's coefficients in shared memory, counted before
-    the stores; where 2048 % C == 0); with CUDADOCTOR_OPS_CBR_APPLY_ROUNDS=0,
+    (CUDADOCTOR_OPS_CBR_SUMS_FUSED=0) in each of its forms: cbr_apply_sums_nhwc_v5 (the default
+    where 2048 % C == 0: the block's coefficients in shared memory, the block counted before its
+    stores, the running statistics updated by the last block to finish); with
+    CUDADOCTOR_OPS_CBR_APPLY_V5=0 (and wherever 2048 % C != 0), cbr_apply_sums_nhwc_v3 (the
+    coefficients computed in every thread, counted after the stores); with
+    CUDADOCTOR_OPS_CBR_APPLY_V4=2 / 4, cbr_apply_sums_nhwc_v4 (short blocks, the coefficients in
+    shared memory; where 2048 % C == 0); with CUDADOCTOR_OPS_CBR_APPLY_ROUNDS=0,
     cbr_apply_sums_nhwc (block 0 after a grid barrier of a cooperative launch). Compared: out,
     save_mean, save_invstd, mask, running statistics and num_batches_tracked, over shifted and
     plain sums, momentum None, a partial 8-element group, no update (a plain launch); the compared
     calls come after 1024 others, so each reuses a completion counter that an earlier launch set
     back to zero."""
-    settings = {"v3": {}, "coop": {"CUDADOCTOR_OPS_CBR_APPLY_ROUNDS": "0"},
+    settings = {"v3": {"CUDADOCTOR_OPS_CBR_APPLY_V5": "0"}, "coop": {"CUDADOCTOR_OPS_CBR_APPLY_ROUNDS": "0"},
                 "two": {"CUDADOCTOR_OPS_CBR_SUMS_FUSED": "0"},
                 "v4r2": {"CUDADOCTOR_OPS_CBR_APPLY_V4": "2"}, "v4r4": {"CUDADOCTOR_OPS_CBR_APPLY_V4": "4"},
-                "v5": {"CUDADOCTOR_OPS_CBR_APPLY_V5": "1"}}
+                "v5": {}}
     outs = {}
     for name, setting in settings.items():
         env = dict(os.environ)
@@ -1199,7 +1206,7 @@ def test_apply_sums_one_launch_matches_two_kernels(tmp_path):
     for case in range(5):
         v3, coop, two = (outs[k][f"kernels{case}"] for k in ("v3", "coop", "two"))
         assert "cbr_apply_sums_nhwc_v3" in v3 and "cbr_finalize_sums" not in v3, (case, v3)
-        assert "cbr_apply_sums_nhwc" in coop and "cbr_apply_sums_nhwc_v3" not in coop, (case, coop)
+        assert "cbr_apply_sums_nhwc" in coop and "cbr_apply_sums_nhwc_v" not in coop, (case, coop)
         assert "cbr_finalize_sums" in two and "cbr_apply_sums_nhwc" not in two, (case, two)
         for r, kernel in (("v4r2", "v4"), ("v4r4", "v4"), ("v5", "v5")):
             names = outs[r][f"kernels{case}"]
