@@ -1221,7 +1221,12 @@ inline int bwd_stream_splits_setting() {
 
 // CUDADOCTOR_OPS_BN_BWD_GROUPS: bn_bwd_tile_nhwc's group partials (bwd_group_partial); 0 turns
 // them off, 1 takes them at any split count above 1 (tests use it on small tensors); unset, above
-// 2 * kBwdGroupSplits splits (read once).
+// kBwdGroupMinSplits splits (read once). On the H200 (CUDA-graph replays, us, with / without;
+// gpu_variants.py bnp and cbra): float16 BatchNorm backward (32,64,56,56) at 256 splits 23.7 /
+// 25.2, (64,64,56,56) 38.1 / 39.6, (64,128,28,28) at 128 splits 23.8 / 24.0, but (64,512,14,14)
+// at 33 splits 23.7 / 22.7; Conv+BN+ReLU fwd+bwd, float16 (32,64,56,56)->64 134.8 and 134.4 /
+// 136.1 and 135.9, bfloat16 (64,512,7,7)->512 (33 splits) 125.8 and 126.3 / 124.9 and 124.7.
+constexpr int kBwdGroupMinSplits = 64;
 inline int bwd_groups_setting() {
   static const int v = env_switch("CUDADOCTOR_OPS_BN_BWD_GROUPS");
   return v;
@@ -1285,11 +1290,11 @@ bool launch_tile_backward_ct(const Layout& l, const T* x, const T* g, T* dx,
     if (s < 1) return false;
     splits = static_cast<int>(s);
   }
-  // group partials (see bwd_group_partial): by default past 2 * kBwdGroupSplits splits
+  // group partials (see bwd_group_partial): by default past kBwdGroupMinSplits splits
   const int64_t groups = (splits + kBwdGroupSplits - 1) / kBwdGroupSplits;
   const int gmode = bwd_groups_setting();
   const bool use_groups = gmode != 0 && tiles * groups <= kBwdGroupCounters &&
-                          (gmode == 1 ? splits > 1 : splits > 2 * kBwdGroupSplits);
+                          (gmode == 1 ? splits > 1 : splits > kBwdGroupMinSplits);
   const int64_t partials = tiles * splits * 3 * CT;
   at::Tensor ws = at::empty({partials + (use_groups ? tiles * groups * 3 * CT : 0)}, acc_opts);
   A* wsp = ws.data_ptr<A>();
