@@ -14,8 +14,6 @@
 #include <torch/library.h>
 
 #include <cooperative_groups.h>
-#include <atomic>
-#include <mutex>
 #include <type_traits>
 
 #include "async_copy.cuh"
@@ -789,37 +787,23 @@ __device__ __forceinline__ void load_stream_rows(const T* __restrict__ x, const 
   }
 }
 
-// Group partials of bn_bwd_tile_nhwc (grp != nullptr): the splits of a tile in groups of
+// Group partials of bn_bwd_tile_nhwc (wgs != nullptr): the splits of a tile in groups of
 // kBwdGroupSplits, and the last block of a group to finish phase 1 (a completion counter per group)
 // adds the group's partials, in split order, into one group partial before the grid barrier; phase
 // 2 then adds ceil(splits / kBwdGroupSplits) group partials instead of `splits` partials. At 256
 // splits every block read 256 * 3 * CT partials (192 KB at CT = 64, 48 MB from L2 over the grid)
-// through L2 after the barrier; with groups, 16 * 3 * CT. The counters: kBwdGroupSlots slots of
-// kBwdGroupCounters, one slot per launch in turn, zero before a launch and after it (the last block
-// of a group sets its counter back), so launches on different streams do not share one unless
-// kBwdGroupSlots of them are in flight at once.
+// through L2 after the barrier; with groups, 16 * 3 * CT. The counters: a CounterPool of
+// kBwdGroupSlots slots of kBwdGroupCounters (the last block of a group sets its counter back).
 constexpr int kBwdGroupSplits = 16;
 constexpr int kBwdGroupBatch = 8;  // the group's partials a thread loads at once
 constexpr int kBwdGroupSlots = 256;
 constexpr int kBwdGroupCounters = 256;  // per launch: tiles * groups at most
 __device__ unsigned g_bwd_group_counters[kBwdGroupSlots * kBwdGroupCounters];
-std::atomic<unsigned> g_bwd_group_next{0};
 
 // The group counters of one launch on `device` (the current device).
 unsigned* next_bwd_group_counters(int device) {
-  static std::mutex mu;
-  static unsigned* base[64] = {nullptr};
-  TORCH_CHECK(device >= 0 && device < 64, "cudadoctor_ops: device index ", device, " out of range");
-  unsigned* b;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (base[device] == nullptr) {
-      C10_CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&base[device]), g_bwd_group_counters));
-    }
-    b = base[device];
-  }
-  return b + size_t(g_bwd_group_next.fetch_add(1u, std::memory_order_relaxed) % kBwdGroupSlots) *
-                 kBwdGroupCounters;
+  static CounterPool pool(g_bwd_group_counters, kBwdGroupSlots, kBwdGroupCounters);
+  return pool.next(device);
 }
 
 // Phase 1's end in bn_bwd_tile_nhwc with group partials: the block's partial (stored by some of

@@ -24,6 +24,7 @@
 #include <c10/util/Half.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -407,6 +408,39 @@ inline int singleread_threads(int64_t values) {
   }();
   return fixed ? fixed : (values > 16384 ? 512 : 256);
 }
+
+// Completion counters of the kernels whose last block to finish does the final step (the apply
+// from sums' running-statistics update, the BatchNorm backward's group partials): a __device__
+// array of `slots` slots of `per_slot` counters, zero before a launch and after it (the kernels
+// set back what they count), one slot per launch in turn, so that launches on different streams
+// share one only when `slots` of them are in flight at once. Constructed once per array (a
+// function-local static beside it).
+class CounterPool {
+ public:
+  CounterPool(const void* symbol, unsigned slots, size_t per_slot)
+      : symbol_(symbol), slots_(slots), per_slot_(per_slot) {}
+
+  // The next slot's counters on `device` (the current device).
+  unsigned* next(int device) {
+    TORCH_CHECK(device >= 0 && device < 64, "cudadoctor_ops: device index ", device, " out of range");
+    unsigned* b;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (base_[device] == nullptr)
+        C10_CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&base_[device]), symbol_));
+      b = base_[device];
+    }
+    return b + size_t(next_.fetch_add(1u, std::memory_order_relaxed) % slots_) * per_slot_;
+  }
+
+ private:
+  const void* symbol_;
+  unsigned slots_;
+  size_t per_slot_;
+  std::mutex mu_;
+  unsigned* base_[64] = {nullptr};
+  std::atomic<unsigned> next_{0};
+};
 
 // Whether the device supports cooperative launches (cached per device).
 inline bool cooperative_ok(int device) {

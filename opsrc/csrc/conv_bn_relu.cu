@@ -1736,27 +1736,15 @@ bool apply_v5_enabled() {
   return on;
 }
 
-// The completion counters of cbr_apply_sums_nhwc_v3 / _v4 / _v5: zero before a launch and after it; one per
-// launch in turn, so launches on different streams do not share one unless kApplySlots of them
-// are in flight at once.
+// The completion counters of cbr_apply_sums_nhwc_v3 / _v4 / _v5: a CounterPool of kApplySlots
+// slots of one counter (the block that updates the running statistics sets it back).
 constexpr int kApplySlots = 1024;
 __device__ unsigned g_apply_counters[kApplySlots];
-std::atomic<unsigned> g_apply_next{0};
 
 // A counter of g_apply_counters on `device` (the current device).
 unsigned* next_apply_counter(int device) {
-  static std::mutex mu;
-  static unsigned* base[64] = {nullptr};
-  TORCH_CHECK(device >= 0 && device < 64, "cudadoctor_ops: device index ", device, " out of range");
-  unsigned* b;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (base[device] == nullptr) {
-      C10_CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&base[device]), g_apply_counters));
-    }
-    b = base[device];
-  }
-  return b + g_apply_next.fetch_add(1u, std::memory_order_relaxed) % kApplySlots;
+  static bn::CounterPool pool(g_apply_counters, kApplySlots, 1);
+  return pool.next(device);
 }
 
 // The arguments and grid of an apply pass over the channels_last conv_out l.x into out and the
