@@ -1207,7 +1207,7 @@ inline int bwd_stream_splits_setting() {
 // them off, 1 takes them at any split count above 1 (tests use it on small tensors); unset, above
 // kBwdGroupMinSplits splits (read once). On the H200 (CUDA-graph replays, us, with / without;
 // gpu_variants.py bnp and cbra): float16 BatchNorm backward (32,64,56,56) at 256 splits 23.7 /
-// 25.2, (64,64,56,56) 38.1 / 39.6, (64,128,28,28) at 128 splits 23.8 / 24.0, but (64,512,14,14)
+// 25.2, (64,64,56,56) 38.1 / 39.6, (64,128,28,28) at 132 splits 23.8 / 24.0, but (64,512,14,14)
 // at 33 splits 23.7 / 22.7; Conv+BN+ReLU fwd+bwd, float16 (32,64,56,56)->64 134.8 and 134.4 /
 // 136.1 and 135.9, bfloat16 (64,512,7,7)->512 (33 splits) 125.8 and 126.3 / 124.9 and 124.7.
 constexpr int kBwdGroupMinSplits = 64;
