@@ -2096,8 +2096,8 @@ __device__ __forceinline__ void sums_finish(const SumsArgs<A>& a, unsigned* __re
   sums_update_last<A>(a, counter);
 }
 
-// cbr_apply_sums_nhwc without the cooperative launch (CUDADOCTOR_OPS_CBR_APPLY_ROUNDS, on by
-// default): one wave of resident blocks, the apply in rounds (apply_groups_nhwc's RND), every
+// cbr_apply_sums_nhwc without the cooperative launch (unless CUDADOCTOR_OPS_CBR_APPLY_ROUNDS=0;
+// the default where 2048 % C != 0, v5 elsewhere): one wave of resident blocks, the apply in rounds (apply_groups_nhwc's RND), every
 // thread computing the coefficients of its own channels; then sums_finish.
 template <typename T, bool VEC>
 __global__ void __launch_bounds__(kThreads)
@@ -2136,8 +2136,8 @@ __global__ void __launch_bounds__(kThreads)
   sums_finish<A>(a, counter);
 }
 
-// cbr_apply_sums_nhwc_v3 with the coefficients computed once per block (CUDADOCTOR_OPS_CBR_APPLY_V5=1;
-// where 2048 % C == 0, so that the grid is S threads exactly): after issuing its first round's
+// cbr_apply_sums_nhwc_v3 with the coefficients computed once per block (the default where
+// 2048 % C == 0, so that the grid is S threads exactly; CUDADOCTOR_OPS_CBR_APPLY_V5=0: v3): after issuing its first round's
 // loads each block computes the C coefficients into shared memory (dynamic, C Coef4; block 0
 // also writes save_mean / save_invstd from the same values) and counts itself on `counter` right
 // then, when its reads of the shift are done and it has no stores in flight; the block that
